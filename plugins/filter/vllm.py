@@ -1,0 +1,40 @@
+# Copyright: llmops.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Filters that turn a deployment spec into the text of a systemd unit and its EnvironmentFile."""
+
+from __future__ import annotations
+
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.llmops.vllm.plugins.module_utils._serve_command import (
+    ServeSpecError,
+    build_serve_args,
+    layout_gpu_count,
+)
+from ansible_collections.llmops.vllm.plugins.module_utils._systemd import (
+    SystemdSyntaxError,
+    environment_file,
+    exec_line,
+)
+
+
+def _as_filter_error(function):
+    def filter_function(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except (ServeSpecError, SystemdSyntaxError) as error:
+            raise AnsibleFilterError(str(error)) from error
+
+    filter_function.__name__ = function.__name__
+    filter_function.__doc__ = function.__doc__
+    return filter_function
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "vllm_serve_args": _as_filter_error(build_serve_args),
+            "vllm_layout_gpu_count": layout_gpu_count,
+            "systemd_exec_line": _as_filter_error(exec_line),
+            "systemd_environment_file": _as_filter_error(environment_file),
+        }

@@ -1,0 +1,114 @@
+# Copyright: llmops.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The model catalog: one YAML file per model, found by name in an ordered list of directories.
+
+A user's own directories come first, so an entry there overrides the collection's entry of the same
+name. Reading is separate from checking: `check_entry` is pure and says exactly which key is wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from ansible_collections.llmops.vllm.plugins.module_utils._serve_command import LAYOUT_KEYS
+
+ENTRY_NAME = re.compile(r"[a-z0-9][a-z0-9_]*\Z")
+CATALOG_SUFFIXES = (".yml", ".yaml")
+SOURCE_KINDS = ("generated", "hub")
+
+ENTRY_DEFAULTS = {
+    "description": "",
+    "layout": {"tensor_parallel_size": 1},
+    "alternatives": {},
+    "max_model_len": None,
+    "max_num_seqs": None,
+    "gpu_memory_utilization": None,
+    "trust_remote_code": False,
+    "extra_args": [],
+    "env": {},
+    # Seconds the model may take from start to serving; big checkpoints load for 10+ minutes.
+    "load_timeout": 600,
+    # Seconds in-flight requests may take to finish when the server stops (vLLM's --shutdown-timeout).
+    "drain_timeout": 30,
+}
+REQUIRED_KEYS = ("source", "served_name")
+
+
+class CatalogError(ValueError):
+    """An unknown model name or an entry that does not follow the catalog's schema."""
+
+
+def _fail(name, message):
+    raise CatalogError(f"catalog entry {name!r}: {message}")
+
+
+def _check_layout(name, key, layout):
+    if not isinstance(layout, dict):
+        _fail(name, f"{key} must be a mapping of parallel sizes, got {layout!r}")
+    unknown = sorted(set(layout) - set(LAYOUT_KEYS))
+    if unknown:
+        _fail(name, f"{key} has unknown keys {unknown}; known keys: {list(LAYOUT_KEYS)}")
+    for size_key, size in layout.items():
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            _fail(name, f"{key}.{size_key} must be a whole number of at least 1, got {size!r}")
+
+
+def _check_source(name, source):
+    if not isinstance(source, dict) or source.get("kind") not in SOURCE_KINDS:
+        _fail(name, f"source must be a mapping whose kind is one of {list(SOURCE_KINDS)}, got {source!r}")
+    if source["kind"] == "hub" and not isinstance(source.get("repo"), str):
+        _fail(name, "a hub source needs repo (owner/name on the Hugging Face hub)")
+
+
+def check_entry(name, raw_entry):
+    """Return the entry with defaults filled in and `name` added, or raise CatalogError."""
+    if not isinstance(raw_entry, dict):
+        _fail(name, f"must be a mapping, got {type(raw_entry).__name__}")
+    unknown = sorted(set(raw_entry) - set(ENTRY_DEFAULTS) - set(REQUIRED_KEYS))
+    if unknown:
+        _fail(name, f"unknown keys {unknown}; known keys: {sorted(set(ENTRY_DEFAULTS) | set(REQUIRED_KEYS))}")
+    missing = [key for key in REQUIRED_KEYS if key not in raw_entry]
+    if missing:
+        _fail(name, f"missing required keys {missing}")
+    entry = dict(ENTRY_DEFAULTS, **raw_entry)
+    _check_source(name, entry["source"])
+    if not isinstance(entry["served_name"], str) or not entry["served_name"] or " " in entry["served_name"]:
+        _fail(name, f"served_name must be a non-empty string without spaces, got {entry['served_name']!r}")
+    _check_layout(name, "layout", entry["layout"])
+    if not isinstance(entry["alternatives"], dict):
+        _fail(name, "alternatives must map a layout name to a layout")
+    for alternative, layout in entry["alternatives"].items():
+        _check_layout(name, f"alternatives.{alternative}", layout)
+    for key, minimum in (("load_timeout", 1), ("drain_timeout", 0)):
+        if isinstance(entry[key], bool) or not isinstance(entry[key], int) or entry[key] < minimum:
+            _fail(name, f"{key} must be a whole number of seconds, at least {minimum}, got {entry[key]!r}")
+    if not isinstance(entry["extra_args"], list) or not all(isinstance(arg, str) for arg in entry["extra_args"]):
+        _fail(name, "extra_args must be a list of strings")
+    if not isinstance(entry["env"], dict):
+        _fail(name, "env must map variable names to values")
+    entry["env"] = {str(key): str(value) for key, value in entry["env"].items()}
+    entry["name"] = name
+    return entry
+
+
+def catalog_files(directories):
+    """Map each model name to its file, the first directory in the list winning."""
+    found = {}
+    for directory in directories:
+        if not os.path.isdir(directory):
+            raise CatalogError(f"catalog directory {directory!r} does not exist")
+        for file_name in sorted(os.listdir(directory)):
+            stem, suffix = os.path.splitext(file_name)
+            if suffix in CATALOG_SUFFIXES and ENTRY_NAME.match(stem):
+                found.setdefault(stem, os.path.join(directory, file_name))
+    return found
+
+
+def find_entry_file(name, directories):
+    """The file of model `name`, or a CatalogError that lists every known name."""
+    files = catalog_files(directories)
+    if name not in files:
+        known = ", ".join(sorted(files)) or "none"
+        raise CatalogError(f"unknown model {name!r}; the catalog ({', '.join(directories)}) knows: {known}")
+    return files[name]

@@ -1,0 +1,200 @@
+# Copyright: llmops.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The command line of one vLLM server, built from plain data.
+
+`build_serve_args` is pure: a mapping in, a list of arguments out, no I/O. The role renders the list
+into the unit's ExecStart; the tests assert the exact list.
+"""
+
+from __future__ import annotations
+
+import numbers
+import re
+
+WHOLE_NUMBER = re.compile(r"[0-9]+\Z")
+DECIMAL_NUMBER = re.compile(r"[0-9]*\.?[0-9]+\Z")
+
+# Flags that this function writes from the spec: in extra_args they would contradict the spec,
+# so they are refused with the spec key to use instead.
+MANAGED_FLAGS = {
+    "--model": "model",
+    "--served-model-name": "served_name",
+    "--host": "host",
+    "--port": "port",
+    "--tensor-parallel-size": "layout.tensor_parallel_size",
+    "--pipeline-parallel-size": "layout.pipeline_parallel_size",
+    "--data-parallel-size": "layout.data_parallel_size",
+    "--enable-expert-parallel": "layout.expert_parallel_size",
+    "--max-model-len": "max_model_len",
+    "--max-num-seqs": "max_num_seqs",
+    "--gpu-memory-utilization": "gpu_memory_utilization",
+    "--shutdown-timeout": "shutdown_timeout",
+    "--trust-remote-code": "trust_remote_code",
+    "--load-format": "load_format",
+}
+
+# Secrets on a command line are visible to every user in `ps`: they go to the EnvironmentFile.
+SECRET_FLAGS = {"--api-key": ("the API key", "vllm_server_api_key, which goes to the EnvironmentFile as VLLM_API_KEY")}
+
+LAYOUT_KEYS = (
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "data_parallel_size",
+    "expert_parallel_size",
+)
+
+
+class ServeSpecError(ValueError):
+    """The spec cannot become a valid vLLM command line; the message says which key and why."""
+
+
+def _whole_number(value):
+    """An int from an int or a string of digits (what `-e key=8` gives); None for anything else."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, str) and WHOLE_NUMBER.match(value):
+        return int(value)
+    return None
+
+
+def _positive_int(value, key):
+    number = _whole_number(value)
+    if number is None or number < 1:
+        raise ServeSpecError(f"{key} must be a whole number of at least 1, got {value!r}")
+    return number
+
+
+def _fraction(value):
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, str) and DECIMAL_NUMBER.match(value):
+        return float(value)
+    return None
+
+
+def _optional_positive_int(spec, key):
+    value = spec.get(key)
+    return None if value is None else _positive_int(value, key)
+
+
+def _required_text(spec, key):
+    value = spec.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise ServeSpecError(f"{key} must be a non-empty string, got {value!r}")
+    return value
+
+
+def layout_gpu_count(layout):
+    """GPUs that a layout occupies: TP x PP x DP (expert parallelism reuses the TP x DP ranks)."""
+    count = 1
+    for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+        count *= _positive_int(layout.get(key, 1), f"layout.{key}")
+    return count
+
+
+def _layout_args(layout):
+    unknown = sorted(set(layout) - set(LAYOUT_KEYS))
+    if unknown:
+        raise ServeSpecError(f"layout has unknown keys {unknown}; known keys: {list(LAYOUT_KEYS)}")
+    sizes = {key: _positive_int(layout.get(key, 1), f"layout.{key}") for key in LAYOUT_KEYS[:3]}
+    args = ["--tensor-parallel-size", str(sizes["tensor_parallel_size"])]
+    if sizes["pipeline_parallel_size"] > 1:
+        args += ["--pipeline-parallel-size", str(sizes["pipeline_parallel_size"])]
+    if sizes["data_parallel_size"] > 1:
+        args += ["--data-parallel-size", str(sizes["data_parallel_size"])]
+    expert_parallel_size = layout.get("expert_parallel_size")
+    if expert_parallel_size is not None:
+        expert_parallel_size = _positive_int(expert_parallel_size, "layout.expert_parallel_size")
+        # vLLM has no EP size flag: --enable-expert-parallel spreads experts over all TP x DP ranks.
+        ranks = sizes["tensor_parallel_size"] * sizes["data_parallel_size"]
+        if expert_parallel_size not in (1, ranks):
+            raise ServeSpecError(
+                f"layout.expert_parallel_size {expert_parallel_size} is not possible: vLLM spreads experts "
+                f"over tensor_parallel_size x data_parallel_size = {ranks} ranks; set it to {ranks}, "
+                "or leave it out (or 1) for no expert parallelism"
+            )
+        if expert_parallel_size > 1:
+            args.append("--enable-expert-parallel")
+    return args
+
+
+def _flag_name(arg):
+    """`--max_num_seqs=8` -> `--max-num-seqs`: vLLM accepts underscores and `=` forms alike."""
+    return arg.split("=", 1)[0].replace("_", "-")
+
+
+def _checked_extra_args(extra_args):
+    if not isinstance(extra_args, (list, tuple)) or not all(isinstance(arg, str) for arg in extra_args):
+        raise ServeSpecError(f"extra_args must be a list of strings, got {extra_args!r}")
+    for arg in extra_args:
+        if not arg.startswith("--"):
+            continue
+        flag = _flag_name(arg)
+        if flag in SECRET_FLAGS:
+            secret, setting = SECRET_FLAGS[flag]
+            raise ServeSpecError(
+                f"{flag} in extra_args would put {secret} on the command line, where `ps` shows it; set {setting}"
+            )
+        if flag in MANAGED_FLAGS:
+            raise ServeSpecError(f"{flag} in extra_args conflicts with the spec: set {MANAGED_FLAGS[flag]} instead")
+    return list(extra_args)
+
+
+def build_serve_args(spec):
+    """Return the arguments of the OpenAI-compatible vLLM server for one instance.
+
+    spec keys: model, served_name, host, port (required); layout (tensor/pipeline/data/expert parallel
+    sizes); max_model_len, max_num_seqs, gpu_memory_utilization, shutdown_timeout, load_format,
+    trust_remote_code, extra_args (optional). Raises ServeSpecError naming the key at fault.
+    """
+    served_name = _required_text(spec, "served_name")
+    if any(char.isspace() for char in served_name):
+        raise ServeSpecError(f"served_name must not contain whitespace, got {served_name!r}")
+    port = _whole_number(spec.get("port"))
+    if port is None or not 1 <= port <= 65535:
+        raise ServeSpecError(f"port must be a whole number from 1 to 65535, got {spec.get('port')!r}")
+
+    args = [
+        "--model", _required_text(spec, "model"),
+        "--served-model-name", served_name,
+        "--host", _required_text(spec, "host"),
+        "--port", str(port),
+    ]  # fmt: skip
+    args += _layout_args(spec.get("layout") or {})
+
+    for key, flag in (("max_model_len", "--max-model-len"), ("max_num_seqs", "--max-num-seqs")):
+        value = _optional_positive_int(spec, key)
+        if value is not None:
+            args += [flag, str(value)]
+
+    utilization = spec.get("gpu_memory_utilization")
+    if utilization is not None:
+        fraction = _fraction(utilization)
+        if fraction is None or not 0 < fraction <= 1:
+            raise ServeSpecError(f"gpu_memory_utilization must be above 0 and at most 1, got {utilization!r}")
+        args += ["--gpu-memory-utilization", str(fraction)]
+
+    shutdown_timeout = spec.get("shutdown_timeout")
+    if shutdown_timeout is not None:
+        seconds = _whole_number(shutdown_timeout)
+        if seconds is None or seconds < 0:
+            raise ServeSpecError(
+                f"shutdown_timeout must be a whole number of seconds, 0 or more, got {shutdown_timeout!r}"
+            )
+        args += ["--shutdown-timeout", str(seconds)]
+
+    load_format = spec.get("load_format")
+    if load_format is not None:
+        args += ["--load-format", _required_text(spec, "load_format")]
+
+    trust_remote_code = spec.get("trust_remote_code", False)
+    if not isinstance(trust_remote_code, bool):
+        raise ServeSpecError(f"trust_remote_code must be true or false, got {trust_remote_code!r}")
+    if trust_remote_code:
+        args.append("--trust-remote-code")
+
+    return args + _checked_extra_args(spec.get("extra_args") or [])

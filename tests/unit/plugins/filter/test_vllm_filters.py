@@ -1,0 +1,31 @@
+import pytest
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.llmops.vllm.plugins.filter.vllm import FilterModule
+
+FILTERS = FilterModule().filters()
+
+
+def test_serve_args_and_exec_line_compose():
+    args = FILTERS["vllm_serve_args"]({"model": "/m", "served_name": "tiny", "host": "0.0.0.0", "port": 8000})
+    line = FILTERS["systemd_exec_line"](
+        ["/opt/vllm/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", *args]
+    )
+    assert line.endswith("--port 8000 --tensor-parallel-size 1")
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("vllm_serve_args", {"model": "/m", "served_name": "t", "host": "h", "port": 0}, "port must be"),
+        ("systemd_exec_line", [], "at least the program"),
+        ("systemd_environment_file", {"BAD NAME": "x"}, "not a valid environment variable name"),
+    ],
+)
+def test_errors_become_filter_errors(name, value, message):
+    with pytest.raises(AnsibleFilterError, match=message):
+        FILTERS[name](value)
+
+
+def test_gpu_count():
+    assert FILTERS["vllm_layout_gpu_count"]({"tensor_parallel_size": 4, "data_parallel_size": 2}) == 8

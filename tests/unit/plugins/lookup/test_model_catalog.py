@@ -1,0 +1,33 @@
+import pytest
+from ansible.errors import AnsibleLookupError
+from ansible.plugins.loader import lookup_loader
+
+
+@pytest.fixture
+def catalog():
+    return lookup_loader.get("llmops.vllm.model_catalog")
+
+
+def test_collection_entry(catalog):
+    [entry] = catalog.run(["tiny"], variables={})
+    assert entry["name"] == "tiny"
+    assert entry["served_name"] == "tiny"
+    assert entry["source"] == {"kind": "generated"}
+
+
+def test_user_entry_comes_first(catalog, tmp_path):
+    (tmp_path / "tiny.yml").write_text("source: {kind: generated}\nserved_name: tiny-override\nmax_num_seqs: 8\n")
+    [entry] = catalog.run(["tiny"], variables={}, paths=[str(tmp_path)])
+    assert entry["served_name"] == "tiny-override"
+    assert entry["max_num_seqs"] == 8
+
+
+def test_unknown_model_lists_known_ones(catalog):
+    with pytest.raises(AnsibleLookupError, match=r"unknown model 'nope'.*knows: kimi_k25, minimax_m25, tiny"):
+        catalog.run(["nope"], variables={})
+
+
+def test_broken_yaml_is_reported(catalog, tmp_path):
+    (tmp_path / "broken.yml").write_text("source: [unclosed\n")
+    with pytest.raises(AnsibleLookupError, match="cannot read catalog entry 'broken'"):
+        catalog.run(["broken"], variables={}, paths=[str(tmp_path)])

@@ -1,0 +1,83 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ansible_collections.llmops.vllm.plugins.module_utils._catalog import (
+    ENTRY_DEFAULTS,
+    CatalogError,
+    catalog_files,
+    check_entry,
+    find_entry_file,
+)
+
+COLLECTION_CATALOG = Path(__file__).resolve().parents[4] / "models"
+MINIMAL = {"source": {"kind": "generated"}, "served_name": "tiny"}
+
+
+def test_minimal_entry_gets_defaults_and_its_name():
+    entry = check_entry("tiny", dict(MINIMAL))
+    assert entry["name"] == "tiny"
+    assert entry["layout"] == {"tensor_parallel_size": 1}
+    assert entry["load_timeout"] == ENTRY_DEFAULTS["load_timeout"]
+    assert entry["extra_args"] == []
+
+
+def test_env_values_become_strings():
+    entry = check_entry("tiny", {**MINIMAL, "env": {"VLLM_CPU_KVCACHE_SPACE": 1}})
+    assert entry["env"] == {"VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"sevred_name": "x"}, r"unknown keys \['sevred_name'\]"),
+        ({"source": {"kind": "ftp"}}, "source must be a mapping whose kind is one of"),
+        ({"source": {"kind": "hub"}}, "a hub source needs repo"),
+        ({"served_name": "a b"}, "served_name must be a non-empty string without spaces"),
+        ({"layout": {"tensor_parallel_size": 0}}, r"layout.tensor_parallel_size must be a whole number"),
+        ({"alternatives": {"ep8": {"tp": 8}}}, r"alternatives.ep8 has unknown keys \['tp'\]"),
+        ({"load_timeout": 0}, "load_timeout must be a whole number of seconds"),
+        ({"drain_timeout": -1}, "drain_timeout must be a whole number of seconds"),
+        ({"extra_args": "--enforce-eager"}, "extra_args must be a list of strings"),
+    ],
+)
+def test_bad_entries_name_the_key(changes, message):
+    with pytest.raises(CatalogError, match=message):
+        check_entry("tiny", {**MINIMAL, **changes})
+
+
+def test_missing_required_keys():
+    with pytest.raises(CatalogError, match=r"missing required keys \['served_name'\]"):
+        check_entry("tiny", {"source": {"kind": "generated"}})
+
+
+def test_shipped_entries_are_valid():
+    files = catalog_files([str(COLLECTION_CATALOG)])
+    assert {"tiny", "minimax_m25", "kimi_k25"} <= set(files)
+    for name, path in files.items():
+        entry = check_entry(name, yaml.safe_load(Path(path).read_text()))
+        assert entry["name"] == name
+
+
+def test_user_directory_overrides_the_collection(tmp_path):
+    (tmp_path / "tiny.yml").write_text("source: {kind: generated}\nserved_name: my-tiny\n")
+    (tmp_path / "mine.yaml").write_text("source: {kind: generated}\nserved_name: mine\n")
+    (tmp_path / "README.md").write_text("not an entry")
+    files = catalog_files([str(tmp_path), str(COLLECTION_CATALOG)])
+    assert files["tiny"] == str(tmp_path / "tiny.yml")
+    assert files["mine"] == str(tmp_path / "mine.yaml")
+    assert "README" not in files
+
+
+def test_unknown_name_lists_every_known_name(tmp_path):
+    (tmp_path / "mine.yml").write_text("source: {kind: generated}\nserved_name: mine\n")
+    with pytest.raises(CatalogError) as error:
+        find_entry_file("llama", [str(tmp_path), str(COLLECTION_CATALOG)])
+    assert "unknown model 'llama'" in str(error.value)
+    assert "kimi_k25, mine, minimax_m25, tiny" in str(error.value)
+
+
+def test_missing_directory_is_named(tmp_path):
+    with pytest.raises(CatalogError, match=r"catalog directory .*nowhere.* does not exist"):
+        catalog_files([str(tmp_path / "nowhere")])

@@ -1,0 +1,147 @@
+import pytest
+
+from ansible_collections.llmops.vllm.plugins.module_utils._serve_command import (
+    ServeSpecError,
+    build_serve_args,
+    layout_gpu_count,
+)
+
+BASE = {"model": "/var/lib/vllm/models/tiny", "served_name": "tiny", "host": "0.0.0.0", "port": 8000}
+BASE_ARGS = [
+    "--model",
+    "/var/lib/vllm/models/tiny",
+    "--served-model-name",
+    "tiny",
+    "--host",
+    "0.0.0.0",
+    "--port",
+    "8000",
+]
+
+
+def spec(**overrides):
+    return {**BASE, **overrides}
+
+
+def test_minimal_spec_gives_tp1():
+    assert build_serve_args(spec()) == [*BASE_ARGS, "--tensor-parallel-size", "1"]
+
+
+def test_full_spec_in_order():
+    args = build_serve_args(
+        spec(
+            layout={"tensor_parallel_size": 4, "pipeline_parallel_size": 2, "data_parallel_size": 1},
+            max_model_len=32768,
+            max_num_seqs=256,
+            gpu_memory_utilization=0.92,
+            shutdown_timeout=30,
+            load_format="dummy",
+            trust_remote_code=True,
+            extra_args=["--tool-call-parser", "minimax_m2", "--enable-auto-tool-choice"],
+        )
+    )
+    assert args == [
+        *BASE_ARGS,
+        "--tensor-parallel-size", "4",
+        "--pipeline-parallel-size", "2",
+        "--max-model-len", "32768",
+        "--max-num-seqs", "256",
+        "--gpu-memory-utilization", "0.92",
+        "--shutdown-timeout", "30",
+        "--load-format", "dummy",
+        "--trust-remote-code",
+        "--tool-call-parser", "minimax_m2", "--enable-auto-tool-choice",
+    ]  # fmt: skip
+
+
+def test_expert_parallel_over_tp_and_dp():
+    args = build_serve_args(spec(layout={"data_parallel_size": 8, "expert_parallel_size": 8}))
+    assert args[len(BASE_ARGS) :] == [
+        "--tensor-parallel-size",
+        "1",
+        "--data-parallel-size",
+        "8",
+        "--enable-expert-parallel",
+    ]
+
+
+def test_expert_parallel_size_one_adds_no_flag():
+    args = build_serve_args(spec(layout={"tensor_parallel_size": 4, "expert_parallel_size": 1}))
+    assert "--enable-expert-parallel" not in args
+
+
+def test_expert_parallel_size_must_match_ranks():
+    with pytest.raises(ServeSpecError, match=r"expert_parallel_size 8 .* = 4 ranks; set it to 4"):
+        build_serve_args(spec(layout={"tensor_parallel_size": 4, "expert_parallel_size": 8}))
+
+
+def test_zero_shutdown_timeout_is_kept():
+    assert build_serve_args(spec(shutdown_timeout=0))[-2:] == ["--shutdown-timeout", "0"]
+
+
+def test_digit_strings_from_extra_vars_are_accepted():
+    args = build_serve_args(spec(port="8001", max_num_seqs="8", gpu_memory_utilization="0.5"))
+    assert args[7] == "8001"
+    assert args[-4:] == ["--max-num-seqs", "8", "--gpu-memory-utilization", "0.5"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"port": 0}, "port must be a whole number from 1 to 65535, got 0"),
+        ({"port": 70000}, "port must be"),
+        ({"port": True}, "port must be"),
+        ({"served_name": ""}, "served_name must be a non-empty string"),
+        ({"served_name": "my model"}, "must not contain whitespace"),
+        ({"model": None}, "model must be a non-empty string"),
+        ({"layout": {"tensor_parallel_size": 0}}, "layout.tensor_parallel_size must be a whole number of at least 1"),
+        ({"layout": {"tensor_parallel_size": 2.5}}, "layout.tensor_parallel_size"),
+        ({"layout": {"tp": 2}}, r"layout has unknown keys \['tp'\]"),
+        ({"max_num_seqs": -1}, "max_num_seqs must be"),
+        ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization must be above 0 and at most 1"),
+        ({"gpu_memory_utilization": 0}, "gpu_memory_utilization"),
+        ({"shutdown_timeout": -5}, "shutdown_timeout must be a whole number of seconds"),
+        ({"trust_remote_code": "yes"}, "trust_remote_code must be true or false"),
+        ({"extra_args": "--enforce-eager"}, "extra_args must be a list of strings"),
+    ],
+)
+def test_bad_values_name_the_key(overrides, message):
+    with pytest.raises(ServeSpecError, match=message):
+        build_serve_args(spec(**overrides))
+
+
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [
+        (["--port", "9000"], "port"),
+        (["--max_num_seqs=8"], "max_num_seqs"),
+        (["--tensor-parallel-size=8"], "layout.tensor_parallel_size"),
+        (["--enable-expert-parallel"], "layout.expert_parallel_size"),
+    ],
+)
+def test_managed_flags_are_refused_in_extra_args(extra, key):
+    with pytest.raises(ServeSpecError, match=f"conflicts with the spec: set {key} instead"):
+        build_serve_args(spec(extra_args=extra))
+
+
+def test_api_key_never_reaches_the_command_line():
+    with pytest.raises(ServeSpecError, match="--api-key in extra_args would put the API key on the command line"):
+        build_serve_args(spec(extra_args=["--api-key=secret"]))
+
+
+def test_flag_values_pass_through_untouched():
+    args = build_serve_args(spec(extra_args=["--override-generation-config", '{"temperature": 0.6}']))
+    assert args[-2:] == ["--override-generation-config", '{"temperature": 0.6}']
+
+
+@pytest.mark.parametrize(
+    ("layout", "gpus"),
+    [
+        ({}, 1),
+        ({"tensor_parallel_size": 4}, 4),
+        ({"tensor_parallel_size": 8, "expert_parallel_size": 8}, 8),
+        ({"tensor_parallel_size": 2, "pipeline_parallel_size": 2, "data_parallel_size": 2}, 8),
+    ],
+)
+def test_layout_gpu_count(layout, gpus):
+    assert layout_gpu_count(layout) == gpus

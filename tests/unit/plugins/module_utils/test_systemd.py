@@ -1,0 +1,75 @@
+import pytest
+
+from ansible_collections.llmops.vllm.plugins.module_utils._systemd import (
+    SystemdSyntaxError,
+    environment_file,
+    environment_line,
+    exec_arg,
+    exec_line,
+)
+
+
+@pytest.mark.parametrize(
+    ("arg", "quoted"),
+    [
+        ("/opt/vllm/venv/bin/python", "/opt/vllm/venv/bin/python"),
+        ("--max-model-len", "--max-model-len"),
+        ("0.0.0.0", "0.0.0.0"),
+        ("a b", '"a b"'),
+        ('{"temperature": 0.6}', '"{\\"temperature\\": 0.6}"'),
+        ("50%", "50%%"),
+        ("$HOME", "$$HOME"),
+        ("back\\slash", '"back\\\\slash"'),
+        ("", '""'),
+        (";", "\\;"),
+        ("it's", '"it\'s"'),
+    ],
+)
+def test_exec_arg(arg, quoted):
+    assert exec_arg(arg) == quoted
+
+
+def test_exec_line_keeps_each_argument_whole():
+    line = exec_line(
+        ["/opt/vllm/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--chat-template", "{{ x }} y"]
+    )
+    assert line == '/opt/vllm/venv/bin/python -m vllm.entrypoints.openai.api_server --chat-template "{{ x }} y"'
+
+
+def test_exec_line_refuses_newlines_and_empty_commands():
+    with pytest.raises(SystemdSyntaxError, match="control character"):
+        exec_line(["/bin/echo", "two\nlines"])
+    with pytest.raises(SystemdSyntaxError, match="at least the program"):
+        exec_line([])
+
+
+@pytest.mark.parametrize(
+    ("value", "line"),
+    [
+        ("1", 'HF_HUB_OFFLINE="1"'),
+        ('pa"ss', 'HF_HUB_OFFLINE="pa\\"ss"'),
+        ("a$b`c\\d", 'HF_HUB_OFFLINE="a\\$b\\`c\\\\d"'),
+        ("with spaces and # hash", 'HF_HUB_OFFLINE="with spaces and # hash"'),
+        (None, 'HF_HUB_OFFLINE=""'),
+    ],
+)
+def test_environment_line(value, line):
+    assert environment_line("HF_HUB_OFFLINE", value) == line
+
+
+@pytest.mark.parametrize("name", ["1ABC", "A-B", "", "A B", None])
+def test_environment_line_refuses_invalid_names(name):
+    with pytest.raises(SystemdSyntaxError, match="not a valid environment variable name"):
+        environment_line(name, "x")
+
+
+def test_environment_line_refuses_newlines():
+    with pytest.raises(SystemdSyntaxError, match="the value of TOKEN contains a control character"):
+        environment_line("TOKEN", "abc\ndef")
+
+
+def test_environment_file_is_sorted_and_stable():
+    variables = {"VLLM_API_KEY": "k", "HF_HOME": "/var/lib/vllm/huggingface", "CUDA_VISIBLE_DEVICES": "0,1"}
+    text = environment_file(variables)
+    assert text == 'CUDA_VISIBLE_DEVICES="0,1"\nHF_HOME="/var/lib/vllm/huggingface"\nVLLM_API_KEY="k"\n'
+    assert environment_file(dict(reversed(list(variables.items())))) == text
