@@ -35,7 +35,9 @@ readonly PORT=${LLMOPS_LOCAL_PORT:-8000}
 readonly SYS_ADMIN=${LLMOPS_LOCAL_SYS_ADMIN:-0}
 readonly BOOT_TIMEOUT=60
 readonly PACKAGES=(podman runc debootstrap python3)
-readonly IMAGE_PACKAGES=systemd,systemd-sysv,python3,python3-venv,dbus,iproute2,procps,ca-certificates
+# python3-apt lets Ansible's apt module run in check mode.
+readonly IMAGE_PACKAGES=systemd,systemd-sysv,python3,python3-venv,python3-apt,dbus,iproute2,procps,ca-certificates
+readonly RECIPE_LABEL=io.llmops-vllm.recipe
 readonly SHIM_NAME=runc-no-rlimits
 readonly SHIM_PATH=/usr/local/libexec/llmops-vllm/$SHIM_NAME
 readonly CONTAINERS_CONF=/etc/containers/containers.conf
@@ -91,7 +93,8 @@ cleanup_rootfs() {
 }
 
 # Point the image's apt at the same mirror, so `apt-get install` works in the
-# container. (Nothing needs masking: this image boots to `running` as is.)
+# container, and fetch its package lists. (Nothing needs masking: this image
+# boots to `running` as is.)
 configure_rootfs() {
   local root=$1 mirror=$2 security=$3
   rm -f "$root/etc/apt/sources.list"
@@ -109,6 +112,9 @@ Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 EOF
   rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
+  # Package lists in the image let Ansible's apt module answer in check mode on a new container;
+  # the roles refresh lists older than a day, so a long-cached image does not install stale versions.
+  chroot "$root" apt-get update -qq
 }
 
 build_image() {
@@ -126,16 +132,25 @@ build_image() {
   fi
   configure_rootfs "$ROOTFS" "$mirror" "$security"
   log "importing $IMAGE"
-  tar -C "$ROOTFS" -c . | podman import --quiet --change 'CMD ["/sbin/init"]' - "$IMAGE" >/dev/null
+  tar -C "$ROOTFS" -c . |
+    podman import --quiet --change 'CMD ["/sbin/init"]' --change "LABEL $RECIPE_LABEL=$(image_recipe)" - "$IMAGE" >/dev/null
   cleanup_rootfs
   log "built $IMAGE in $((SECONDS - start)) s ($(podman image inspect -f '{{.Size}}' "$IMAGE" | numfmt --to=iec))"
 }
 
+# What goes into the image, as one digest: an image cached from an older recipe is rebuilt, not reused.
+image_recipe() {
+  { echo "$IMAGE_PACKAGES"; declare -f configure_rootfs; } | sha256sum | cut -c1-16
+}
+
 ensure_image() {
-  if [[ ${1-} != --force ]] && podman image exists "$IMAGE"; then
+  local built_from
+  built_from=$(podman image inspect -f "{{ index .Labels \"$RECIPE_LABEL\" }}" "$IMAGE" 2>/dev/null || true)
+  if [[ ${1-} != --force && $built_from == "$(image_recipe)" ]]; then
     log "image $IMAGE present"
     return
   fi
+  [[ -z $built_from ]] || log "image $IMAGE was built from another recipe; rebuilding"
   build_image
 }
 
@@ -244,6 +259,11 @@ cmd_up() {
   ensure_packages
   ensure_image
   ensure_runtime
+  if container_exists &&
+    [[ $(podman container inspect -f '{{.Image}}' "$NAME") != "$(podman image inspect -f '{{.Id}}' "$IMAGE")" ]]; then
+    log "$NAME runs an older image; replacing it"
+    podman rm -f "$NAME" >/dev/null
+  fi
   if container_running; then
     if [[ $(systemd_state) == running ]]; then
       log "$NAME already up (systemd running)"

@@ -3,7 +3,8 @@
 """The model catalog: one YAML file per model, found by name in an ordered list of directories.
 
 A user's own directories come first, so an entry there overrides the collection's entry of the same
-name. Reading is separate from checking: `check_entry` is pure and says exactly which key is wrong.
+name. Reading is separate from checking: `check_entry` is pure and says exactly which key is wrong,
+including every server setting, so that a deploy fails on a bad entry before it changes any host.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 
-from ansible_collections.llmops.vllm.plugins.module_utils._serve_command import LAYOUT_KEYS
+from ansible_collections.llmops.vllm.plugins.module_utils._serve_command import ServeSpecError, build_serve_args
 
 ENTRY_NAME = re.compile(r"[a-z0-9][a-z0-9_]*\Z")
 CATALOG_SUFFIXES = (".yml", ".yaml")
@@ -43,15 +44,17 @@ def _fail(name, message):
     raise CatalogError(f"catalog entry {name!r}: {message}")
 
 
-def _check_layout(name, key, layout):
+def _check_server_settings(name, entry, layout_name, layout):
+    """Build the server's command line once, so a bad layout or flag fails before any host changes."""
     if not isinstance(layout, dict):
-        _fail(name, f"{key} must be a mapping of parallel sizes, got {layout!r}")
-    unknown = sorted(set(layout) - set(LAYOUT_KEYS))
-    if unknown:
-        _fail(name, f"{key} has unknown keys {unknown}; known keys: {list(LAYOUT_KEYS)}")
-    for size_key, size in layout.items():
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            _fail(name, f"{key}.{size_key} must be a whole number of at least 1, got {size!r}")
+        _fail(name, f"{layout_name} must be a mapping of parallel sizes, got {layout!r}")
+    spec = {key: entry[key] for key in ("served_name", "max_model_len", "max_num_seqs", "gpu_memory_utilization")}
+    spec.update(model="weights", host="0.0.0.0", port=8000, layout=layout)
+    spec.update(trust_remote_code=entry["trust_remote_code"], extra_args=entry["extra_args"])
+    try:
+        build_serve_args(spec)
+    except ServeSpecError as error:
+        _fail(name, f"{layout_name}: {error}" if layout_name != "layout" else str(error))
 
 
 def _check_source(name, source):
@@ -73,18 +76,14 @@ def check_entry(name, raw_entry):
         _fail(name, f"missing required keys {missing}")
     entry = dict(ENTRY_DEFAULTS, **raw_entry)
     _check_source(name, entry["source"])
-    if not isinstance(entry["served_name"], str) or not entry["served_name"] or " " in entry["served_name"]:
-        _fail(name, f"served_name must be a non-empty string without spaces, got {entry['served_name']!r}")
-    _check_layout(name, "layout", entry["layout"])
+    _check_server_settings(name, entry, "layout", entry["layout"])
     if not isinstance(entry["alternatives"], dict):
         _fail(name, "alternatives must map a layout name to a layout")
     for alternative, layout in entry["alternatives"].items():
-        _check_layout(name, f"alternatives.{alternative}", layout)
+        _check_server_settings(name, entry, f"alternatives.{alternative}", layout)
     for key, minimum in (("load_timeout", 1), ("drain_timeout", 0)):
         if isinstance(entry[key], bool) or not isinstance(entry[key], int) or entry[key] < minimum:
             _fail(name, f"{key} must be a whole number of seconds, at least {minimum}, got {entry[key]!r}")
-    if not isinstance(entry["extra_args"], list) or not all(isinstance(arg, str) for arg in entry["extra_args"]):
-        _fail(name, "extra_args must be a list of strings")
     if not isinstance(entry["env"], dict):
         _fail(name, "env must map variable names to values")
     entry["env"] = {str(key): str(value) for key, value in entry["env"].items()}
