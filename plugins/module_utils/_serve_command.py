@@ -48,15 +48,21 @@ class ServeSpecError(ValueError):
     """The spec cannot become a valid vLLM command line; the message says which key and why."""
 
 
-def _whole_number(value):
-    """An int from an int or a string of digits (what `-e key=8` gives); None for anything else."""
+def _number(value, number_type, text_pattern, convert):
+    """A number from a number or from its text (what `-e key=8` gives); None for anything else."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, str) and WHOLE_NUMBER.match(value):
-        return int(value)
+    if isinstance(value, number_type) or (isinstance(value, str) and text_pattern.match(value)):
+        return convert(value)
     return None
+
+
+def _whole_number(value):
+    return _number(value, numbers.Integral, WHOLE_NUMBER, int)
+
+
+def _fraction(value):
+    return _number(value, numbers.Real, DECIMAL_NUMBER, float)
 
 
 def _positive_int(value, key):
@@ -64,16 +70,6 @@ def _positive_int(value, key):
     if number is None or number < 1:
         raise ServeSpecError(f"{key} must be a whole number of at least 1, got {value!r}")
     return number
-
-
-def _fraction(value):
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, numbers.Real):
-        return float(value)
-    if isinstance(value, str) and DECIMAL_NUMBER.match(value):
-        return float(value)
-    return None
 
 
 def _optional_positive_int(spec, key):
