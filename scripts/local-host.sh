@@ -13,7 +13,10 @@
 #   LLMOPS_WHEELHOUSE     host dir mounted read-only at /opt/wheelhouse
 #                         (default /var/cache/llmops-vllm/wheelhouse; fill it
 #                         with scripts/wheelhouse.sh)
-#   LLMOPS_LOCAL_PORT     host port on 127.0.0.1 for the container's port 8000 (default 8000)
+#   LLMOPS_LOCAL_NAME     name (and hostname) of the container (default llmops-vllm-local);
+#                         the molecule scenarios start their hosts under their own names
+#   LLMOPS_LOCAL_PORT     host port on 127.0.0.1 for the container's port 8000 (default 8000;
+#                         empty publishes no port)
 #   LLMOPS_DEBIAN_MIRROR  Debian mirror for the image (default: the host's apt source for bookworm)
 #   LLMOPS_LOCAL_SYS_ADMIN=1  add CAP_SYS_ADMIN to the container. Without it
 #                         systemd cannot create mount namespaces and silently
@@ -29,9 +32,9 @@
 set -euo pipefail
 
 readonly IMAGE=localhost/llmops-vllm-debian12:latest
-readonly NAME=llmops-vllm-local
+readonly NAME=${LLMOPS_LOCAL_NAME:-llmops-vllm-local}
 readonly WHEELHOUSE=${LLMOPS_WHEELHOUSE:-/var/cache/llmops-vllm/wheelhouse}
-readonly PORT=${LLMOPS_LOCAL_PORT:-8000}
+readonly PORT=${LLMOPS_LOCAL_PORT-8000}
 readonly SYS_ADMIN=${LLMOPS_LOCAL_SYS_ADMIN:-0}
 readonly BOOT_TIMEOUT=60
 readonly PACKAGES=(podman runc debootstrap python3)
@@ -240,9 +243,23 @@ wait_for_systemd() {
   die "systemd in $NAME not running after ${BOOT_TIMEOUT}s (state '${state:-unknown}'; container log above)"
 }
 
+# On a hybrid cgroup host podman gives the container only cgroup v1 hierarchies, from which
+# systemd gets no notice that a unit's cgroup has emptied: every stop of a unit that leaves a
+# process for the final SIGKILL (vLLM's resource tracker does) then waits out TimeoutStopSec
+# and ends in "timeout". The host's cgroup2 hierarchy gives systemd that notice, as on a real
+# host. On a pure cgroup v2 host podman mounts cgroup2 itself and nothing is added.
+host_cgroup2_volume() {
+  local unified=/sys/fs/cgroup/unified
+  [[ $(stat -f -c %T "$unified" 2>/dev/null) == cgroup2fs ]] && echo "$unified:$unified:rw"
+  return 0
+}
+
 start_container() {
-  local opts=()
+  local opts=() cgroup2
   [[ $SYS_ADMIN == 1 ]] && opts+=(--cap-add SYS_ADMIN)
+  [[ -n $PORT ]] && opts+=(-p "127.0.0.1:$PORT:8000")
+  cgroup2=$(host_cgroup2_volume)
+  [[ -n $cgroup2 ]] && opts+=(-v "$cgroup2")
   if [[ ! -d $WHEELHOUSE ]]; then
     log "$WHEELHOUSE does not exist; creating it empty (fill it with scripts/wheelhouse.sh)"
     mkdir -p "$WHEELHOUSE"
@@ -250,7 +267,7 @@ start_container() {
   podman run -d --name "$NAME" --hostname "$NAME" \
     --systemd=always --shm-size=2g \
     -v "$WHEELHOUSE:/opt/wheelhouse:ro" \
-    -p "127.0.0.1:$PORT:8000" "${opts[@]}" \
+    "${opts[@]}" \
     "$IMAGE" /sbin/init >/dev/null
 }
 
@@ -273,7 +290,7 @@ cmd_up() {
     log "starting existing container $NAME"
     podman start "$NAME" >/dev/null
   else
-    log "creating container $NAME (127.0.0.1:$PORT -> 8000, $WHEELHOUSE -> /opt/wheelhouse)"
+    log "creating container $NAME (${PORT:+127.0.0.1:$PORT -> 8000, }$WHEELHOUSE -> /opt/wheelhouse)"
     start_container
   fi
   wait_for_systemd
