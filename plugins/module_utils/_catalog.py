@@ -44,17 +44,18 @@ def _fail(name, message):
     raise CatalogError(f"catalog entry {name!r}: {message}")
 
 
-def _check_server_settings(name, entry, layout_name, layout):
+def _check_server_settings(name, entry, layout, alternative=None):
     """Build the server's command line once, so a bad layout or flag fails before any host changes."""
+    where = f"alternatives.{alternative}: " if alternative else ""
     if not isinstance(layout, dict):
-        _fail(name, f"{layout_name} must be a mapping of parallel sizes, got {layout!r}")
+        _fail(name, f"{where}layout must be a mapping of parallel sizes, got {layout!r}")
     spec = {key: entry[key] for key in ("served_name", "max_model_len", "max_num_seqs", "gpu_memory_utilization")}
     spec.update(model="weights", host="0.0.0.0", port=8000, layout=layout)
     spec.update(trust_remote_code=entry["trust_remote_code"], extra_args=entry["extra_args"])
     try:
         build_serve_args(spec)
     except ServeSpecError as error:
-        _fail(name, f"{layout_name}: {error}" if layout_name != "layout" else str(error))
+        _fail(name, f"{where}{error}")
 
 
 def _check_source(name, source):
@@ -76,11 +77,11 @@ def check_entry(name, raw_entry):
         _fail(name, f"missing required keys {missing}")
     entry = dict(ENTRY_DEFAULTS, **raw_entry)
     _check_source(name, entry["source"])
-    _check_server_settings(name, entry, "layout", entry["layout"])
+    _check_server_settings(name, entry, entry["layout"])
     if not isinstance(entry["alternatives"], dict):
         _fail(name, "alternatives must map a layout name to a layout")
     for alternative, layout in entry["alternatives"].items():
-        _check_server_settings(name, entry, f"alternatives.{alternative}", layout)
+        _check_server_settings(name, entry, layout, alternative)
     for key, minimum in (("load_timeout", 1), ("drain_timeout", 0)):
         if isinstance(entry[key], bool) or not isinstance(entry[key], int) or entry[key] < minimum:
             _fail(name, f"{key} must be a whole number of seconds, at least {minimum}, got {entry[key]!r}")
