@@ -72,8 +72,13 @@ molecule: venv wheelhouse ## Converge deploy.yml on a fresh local host, check id
 	scripts/local-host.sh image
 	molecule test --scenario-name default
 
+.PHONY: integration
+integration: venv wheelhouse ## The modules and playbooks against a real local host serving tiny (tests/integration)
+	scripts/local-host.sh image
+	pytest tests/integration
+
 .PHONY: test
-test: lint sanity unit molecule ## Everything CI runs
+test: lint sanity unit molecule integration ## Everything CI runs
 
 .PHONY: clean
 clean: ## Remove the local host, the venv and build files (the wheelhouse and image stay cached)

@@ -83,6 +83,14 @@ container_running() {
   [[ $(podman container inspect -f '{{.State.Running}}' "$NAME" 2>/dev/null) == true ]]
 }
 
+# After the machine restarts from a snapshot, podman may still record a container as running (or
+# stopping) whose processes are gone: it can then be neither started nor entered.
+container_stale() {
+  local status
+  status=$(podman container inspect -f '{{.State.Status}}' "$NAME" 2>/dev/null) || return 1
+  [[ $status != @(created|configured|exited|stopped) ]] && ! podman exec "$NAME" true 2>/dev/null
+}
+
 # ---- image ---------------------------------------------------------------
 
 ROOTFS=
@@ -279,6 +287,10 @@ cmd_up() {
   if container_exists &&
     [[ $(podman container inspect -f '{{.Image}}' "$NAME") != "$(podman image inspect -f '{{.Id}}' "$IMAGE")" ]]; then
     log "$NAME runs an older image; replacing it"
+    podman rm -f "$NAME" >/dev/null
+  fi
+  if container_stale; then
+    log "$NAME is recorded as $(podman container inspect -f '{{.State.Status}}' "$NAME") but its processes are gone; replacing it"
     podman rm -f "$NAME" >/dev/null
   fi
   if container_running; then

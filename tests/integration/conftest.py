@@ -1,0 +1,89 @@
+"""Integration tests: the collection's modules and playbooks against a real local host.
+
+The host is one podman container booting systemd (scripts/local-host.sh), named by LLMOPS_TEST_HOST
+(default llmops-vllm-it), so that several checkouts can test side by side. Tests that need a serving
+model take the `deployed` fixture: playbooks/deploy.yml deploys `tiny` once per session.
+LLMOPS_TEST_KEEP_HOST=1 keeps the container afterwards; the next session's deploy then changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LOCAL_HOST = ROOT / "scripts" / "local-host.sh"
+API_KEY = "integration-api-key-9d2e"
+ENDPOINT = "http://127.0.0.1:8000"
+
+
+@dataclass
+class LocalHost:
+    name: str
+    inventory: Path
+    api_key: str = API_KEY
+    endpoint: str = ENDPOINT
+
+    def sh(self, script: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+        """Run a bash script as root on the host."""
+        proc = subprocess.run(
+            ["podman", "exec", self.name, "bash", "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(f"{script!r} failed with rc {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def module(self, name: str, check_mode: bool = False, timeout: float = 900, **args) -> dict:
+        """Run one module on the host through Ansible and return its result (with `failed` on failure)."""
+        command = ["ansible", self.name, "-i", str(self.inventory), "-m", name, "-a", json.dumps(args)]
+        if check_mode:
+            command.append("--check")
+        env = {**os.environ, "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1", "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json"}
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT, check=False)
+        try:
+            report = json.loads(proc.stdout)
+            return report["plays"][0]["tasks"][0]["hosts"][self.name]
+        except (ValueError, KeyError, IndexError) as exc:
+            raise AssertionError(f"no result from {shlex.join(command)}:\n{proc.stdout}\n{proc.stderr}") from exc
+
+    def playbook(self, playbook: str, *args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
+        """Run a playbook of the collection against this host only."""
+        command = ["ansible-playbook", "-i", str(self.inventory), "--limit", self.name, playbook, *args]
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, check=False)
+
+
+@pytest.fixture(scope="session")
+def local_host(tmp_path_factory) -> LocalHost:
+    name = os.environ.get("LLMOPS_TEST_HOST", "llmops-vllm-it")
+    env = {**os.environ, "LLMOPS_LOCAL_NAME": name, "LLMOPS_LOCAL_PORT": ""}
+    subprocess.run([LOCAL_HOST, "up"], check=True, env=env)
+    inventory = tmp_path_factory.mktemp("inventory") / "hosts.yml"
+    host_vars = {
+        "ansible_connection": "containers.podman.podman",
+        "ansible_python_interpreter": "/usr/bin/python3",
+        "ansible_become": False,
+        "vllm_install_wheelhouse": "/opt/wheelhouse",
+        "vllm_server_api_key": API_KEY,
+    }
+    inventory.write_text(json.dumps({"vllm_hosts": {"hosts": {name: host_vars}}}))
+    yield LocalHost(name=name, inventory=inventory)
+    if os.environ.get("LLMOPS_TEST_KEEP_HOST") != "1":
+        subprocess.run([LOCAL_HOST, "down"], check=True, env=env)
+
+
+@pytest.fixture(scope="session")
+def deployed(local_host: LocalHost) -> LocalHost:
+    """The host with `tiny` deployed by playbooks/deploy.yml and serving."""
+    proc = local_host.playbook("playbooks/deploy.yml", "-e", "model=tiny")
+    assert proc.returncode == 0, f"deploy.yml failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
+    return local_host

@@ -1,0 +1,103 @@
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ansible_collections.llmops.vllm.plugins.module_utils._processes import (
+    Process,
+    is_vllm,
+    list_processes,
+    parse_stat,
+    read_process,
+    still_running,
+    terminate,
+    unit_of,
+)
+
+
+def test_parse_stat_takes_the_name_up_to_the_last_parenthesis():
+    text = "4242 (VLLM::Worker (TP0)) S 4200 4242 4100 0 -1 4194560 " + " ".join(["0"] * 12) + " 987654 0 0\n"
+    assert parse_stat(text) == {"name": "VLLM::Worker (TP0)", "ppid": 4200, "session": 4100, "start_ticks": 987654}
+
+
+@pytest.mark.parametrize(
+    ("cgroup", "unit"),
+    [
+        ("0::/system.slice/vllm-tiny.service\n", "vllm-tiny.service"),
+        # Inside a container the path starts with the container's scope; the unit is the innermost one.
+        ("0::/machine.slice/libpod-ab12.scope/system.slice/vllm-tiny.service\n", "vllm-tiny.service"),
+        ("0::/system.slice/vllm-tiny.service/payload\n", "vllm-tiny.service"),
+        # cgroup v1 only: systemd's named hierarchy says where the process is.
+        ("12:memory:/\n1:name=systemd:/system.slice/vllm-big.service\n0::/\n", "vllm-big.service"),
+        ("0::/user.slice/user-0.slice/session-4.scope\n", "session-4.scope"),
+        ("0::/\n", None),
+        ("", None),
+    ],
+)
+def test_unit_of(cgroup, unit):
+    assert unit_of(cgroup) == unit
+
+
+def test_read_process_describes_this_process():
+    me = read_process(os.getpid())
+    assert me.pid == os.getpid() and me.ppid == os.getppid() and me.uid == os.getuid()
+    assert sys.executable.rsplit("/", 1)[-1][:6] in me.cmdline
+    assert me.pid in [process.pid for process in list_processes()]
+
+
+def test_read_process_of_a_gone_process_is_none():
+    child = subprocess.Popen(["true"])
+    child.wait()
+    assert read_process(child.pid) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "cmdline", "expected"),
+    [
+        ("VLLM::EngineCore", "VLLM::EngineCore", True),
+        ("python", "/opt/vllm/bin/python -m vllm.entrypoints.openai.api_server --model /m", True),
+        ("python3", "/usr/bin/python3 -m http.server", False),
+    ],
+)
+def test_is_vllm(name, cmdline, expected):
+    process = Process(pid=1, ppid=0, session=1, uid=0, start_ticks=1, name=name, cmdline=cmdline, unit=None)
+    assert is_vllm(process) is expected
+
+
+def _spawn(code):
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    assert child.stdout.readline() == b"ready\n"
+    return child, read_process(child.pid)
+
+
+def test_terminate_stops_with_sigterm_when_the_process_obeys():
+    child, process = _spawn("import time; print('ready', flush=True); time.sleep(60)")
+    report = terminate([process], grace=5)
+    assert report["terminated"] == [child.pid] and report["killed"] == [] and report["survivors"] == []
+    assert child.wait(timeout=5) == -signal.SIGTERM
+
+
+def test_terminate_escalates_to_sigkill_after_the_grace_time():
+    code = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
+    )
+    child, process = _spawn(code)
+    started = time.monotonic()
+    report = terminate([process], grace=0.5)
+    assert report["killed"] == [child.pid] and report["terminated"] == [] and report["survivors"] == []
+    assert 0.5 <= time.monotonic() - started < 3
+    assert child.wait(timeout=5) == -signal.SIGKILL
+
+
+def test_a_reused_pid_is_not_the_same_process():
+    child, process = _spawn("import time; print('ready', flush=True); time.sleep(60)")
+    impostor = Process(**{**process.as_dict(), "start_ticks": process.start_ticks + 1})
+    assert still_running(process) and not still_running(impostor)
+    # terminate() leaves the impostor's PID alone: the real process keeps running.
+    assert terminate([impostor], grace=0.1)["killed"] == []
+    assert child.poll() is None
+    child.kill()
+    child.wait()
