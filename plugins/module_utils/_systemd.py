@@ -1,10 +1,11 @@
 # Copyright: llmops.vllm contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""systemd's own syntax: quoting for ExecStart= lines and EnvironmentFile= lines. Pure functions."""
+"""systemd's own syntax: quoting for ExecStart= and EnvironmentFile= lines, and reading environments back."""
 
 from __future__ import annotations
 
 import re
+import shlex
 
 ENVIRONMENT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # Outside quotes systemd splits on whitespace and treats quotes and backslashes specially.
@@ -52,3 +53,54 @@ def environment_line(name, value):
 def environment_file(variables):
     """The lines of an EnvironmentFile, sorted by name so that a re-render is byte-identical."""
     return "".join(environment_line(name, variables[name]) + "\n" for name in sorted(variables))
+
+
+def parse_environment_assignments(text):
+    """`systemctl show -P Environment UNIT` (`A=1 "B=two words"`) as a dict, later assignments winning."""
+    variables = {}
+    for assignment in shlex.split(text):
+        name, sep, value = assignment.partition("=")
+        if sep:
+            variables[name] = value
+    return variables
+
+
+def parse_environment_file(text):
+    """The variables of an EnvironmentFile as systemd reads it: `#`/`;` comments, quotes, `\\` escapes.
+
+    Reads back what `environment_file` writes, and the plain `NAME=value` files people write by hand.
+    """
+    variables = {}
+    logical = ""
+    for line in text.splitlines():
+        if line.endswith("\\") and not line.endswith("\\\\"):  # an unquoted line continues on the next
+            logical += line[:-1]
+            continue
+        logical, line = "", logical + line
+        stripped = line.strip()
+        if not stripped or stripped[0] in "#;":
+            continue
+        name, sep, value = stripped.partition("=")
+        if sep and ENVIRONMENT_NAME.match(name.strip()):
+            variables[name.strip()] = _unquote(value.strip())
+    return variables
+
+
+def _unquote(value):
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+        quote, body = value[0], value[1:-1]
+        return re.sub(r"\\(.)", r"\1", body) if quote == '"' else body
+    return value
+
+
+ENVIRONMENT_FILES_ENTRY = re.compile(r"(?P<path>.+) \(ignore_errors=(?P<optional>yes|no)\)\Z")
+
+
+def parse_environment_files_property(text):
+    """`systemctl show -P EnvironmentFiles UNIT`: `[(path, optional)]`; optional files were set with `-`."""
+    found = []
+    for line in text.splitlines():
+        match = ENVIRONMENT_FILES_ENTRY.match(line.strip())
+        if match:
+            found.append((match.group("path"), match.group("optional") == "yes"))
+    return found

@@ -6,6 +6,9 @@ from ansible_collections.llmops.vllm.plugins.module_utils._systemd import (
     environment_line,
     exec_arg,
     exec_line,
+    parse_environment_assignments,
+    parse_environment_file,
+    parse_environment_files_property,
 )
 
 
@@ -73,3 +76,26 @@ def test_environment_file_is_sorted_and_stable():
     text = environment_file(variables)
     assert text == 'CUDA_VISIBLE_DEVICES="0,1"\nHF_HOME="/var/lib/vllm/huggingface"\nVLLM_API_KEY="k"\n'
     assert environment_file(dict(reversed(list(variables.items())))) == text
+
+
+def test_environment_file_reads_back_what_it_writes():
+    variables = {"VLLM_API_KEY": 'k"e$y\\`', "CUDA_VISIBLE_DEVICES": "0,1", "EMPTY": "", "SPACED": "a b"}
+    assert parse_environment_file(environment_file(variables)) == variables
+
+
+def test_environment_file_as_people_write_it():
+    text = "# comment\n; also a comment\n\nPLAIN=value\n  SPACED = x \nSINGLE='a \\b'\nLONG=a\\\nb\nnot a line\n"
+    assert parse_environment_file(text) == {"PLAIN": "value", "SPACED": "x", "SINGLE": "a \\b", "LONG": "ab"}
+
+
+def test_environment_property():
+    assert parse_environment_assignments('"A=b c" CUDA_VISIBLE_DEVICES=0,1 NOVALUE\n') == {
+        "A": "b c",
+        "CUDA_VISIBLE_DEVICES": "0,1",
+    }
+
+
+def test_environment_files_property():
+    text = "/etc/vllm/tiny.env (ignore_errors=no)\n/etc/vllm/my env (ignore_errors=yes)\n"
+    assert parse_environment_files_property(text) == [("/etc/vllm/tiny.env", False), ("/etc/vllm/my env", True)]
+    assert parse_environment_files_property("") == []
