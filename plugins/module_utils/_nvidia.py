@@ -15,8 +15,8 @@ import contextlib
 import csv
 import ctypes
 import re
-import xml.etree.ElementTree as ElementTree
 from dataclasses import asdict, dataclass
+from xml.etree import ElementTree
 
 BACKENDS = ("auto", "nvml", "nvidia-smi")
 # The `backend` option of every module that reads GPUs (documented in doc_fragments/nvidia.py).
