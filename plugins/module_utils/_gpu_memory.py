@@ -7,6 +7,7 @@ Pure functions over the plain data of `_nvidia` and `_processes`; the module pol
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
 
 from ansible_collections.llmops.vllm.plugins.module_utils._nvidia import Gpu, GpuProcess
@@ -160,11 +161,26 @@ def find_holders(
 ) -> list[Holder]:
     """The driver's processes on `gpus`, with what /proc says about each (name, command line, unit)."""
     by_uuid = {gpu.uuid: gpu for gpu in gpus}
-    return [
-        Holder(by_uuid[found.gpu_uuid], found, read(found.pid), owner_unit)
-        for found in processes
-        if found.gpu_uuid in by_uuid
-    ]
+    holders = []
+    for found in processes:
+        if found.gpu_uuid in by_uuid:
+            process = read(found.pid)
+            if process and not same_program(found.name, process):
+                process = None  # the driver's PID names another process here: not ours to describe or end
+            holders.append(Holder(by_uuid[found.gpu_uuid], found, process, owner_unit))
+    return holders
+
+
+def same_program(driver_name: str, process: Process) -> bool:
+    """Whether /proc's process runs the program the driver names for that PID.
+
+    The driver gives PIDs as the host sees them; in a container the same PID may be another process.
+    """
+    if not driver_name:  # the driver could not say; nothing to compare
+        return True
+    program = process.cmdline.split(" ", 1)[0]
+    named = posixpath.basename(driver_name)
+    return named in (posixpath.basename(program), process.name) or process.cmdline.startswith(driver_name)
 
 
 def describe(observed: list[dict], holders: list[Holder]) -> str:

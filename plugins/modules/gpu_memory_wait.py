@@ -238,7 +238,7 @@ def wanted_gpus(module):
     if module.params["unit"]:
         return unit_gpus(module, module.params["unit"])
     wanted = module.params["gpus"]
-    return wanted, "gpus: " + ",".join(wanted or ["all"])
+    return wanted, "gpus: " + ("all" if wanted is None else ",".join(wanted))
 
 
 def main():

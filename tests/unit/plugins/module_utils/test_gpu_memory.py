@@ -1,5 +1,6 @@
 import os
 import subprocess
+from dataclasses import replace
 
 import pytest
 
@@ -11,6 +12,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._gpu_memory import (
     memory_limits,
     memory_state,
     parse_visible_devices,
+    same_program,
     select_gpus,
     unit_environment,
 )
@@ -159,6 +161,30 @@ def test_holders_are_described_from_proc(idle_process):
     assert message.startswith(f"GPU 1 (GPU-aaaa2222-0000) uses 9216 MiB, more than 1024 MiB: PID {idle_process.pid} ")
     assert "(9216 MiB, " in message and "not the unit's" in message and "time.sleep(60) gpu-holder;" in message
     assert f"PID {gone.pid} VLLM::Worker (? MiB, in no systemd unit, not the unit's)." in message
+
+
+def test_a_pid_that_is_another_program_here_is_not_described_as_the_holder(idle_process):
+    # As inside a container, where the driver's PID (the host's) can be another local process.
+    driver = GpuProcess("GPU-aaaa2222-0000", idle_process.pid, "/usr/bin/other-program", 9216)
+    (holder,) = find_holders([driver], GPUS, owner_unit=None)
+    assert holder.process is None and holder.leftover is False
+    assert holder.as_dict()["name"] == "/usr/bin/other-program" and holder.as_dict()["cmdline"] == ""
+
+
+@pytest.mark.parametrize(
+    ("driver_name", "same"),
+    [
+        ("", True),
+        ("/opt/vllm/venv/bin/python3", True),
+        ("python3", True),
+        ("VLLM::Worker_TP", True),
+        ("/opt/vllm/venv/bin/python3 -m vllm", True),
+        ("/usr/bin/sleep", False),
+    ],
+)
+def test_same_program(driver_name, same):
+    process = replace(worker(None, name="VLLM::Worker_TP"), cmdline="/opt/vllm/venv/bin/python3 -m vllm serve")
+    assert same_program(driver_name, process) is same
 
 
 def test_a_gpu_held_by_no_listed_process_says_so():
