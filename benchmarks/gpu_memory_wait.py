@@ -182,6 +182,8 @@ def never_exits(backend: str, gib: float) -> dict:
         "failed": bool(result.get("failed")),
         "holder_pid": holder.pid,
         "pid_named": bool(named) and str(holder.pid) in result.get("msg", ""),
+        # The driver's PID is the process /proc shows (its command line), not only a number.
+        "described_from_proc": bool(named) and named[0]["cmdline"].endswith(f"gpu_holder.py 0 {float(gib)}"),
         "msg": result.get("msg"),
         "processes": result.get("processes"),
     }
@@ -267,7 +269,8 @@ def summary(report: dict) -> str:
     lines += ["", "## A holder that never exits (timeout 3 s)", ""]
     for backend, outcome in report["never_exits"].items():
         lines.append(
-            f"- {backend}: failed={outcome['failed']}, PID {outcome['holder_pid']} named={outcome['pid_named']}: "
+            f"- {backend}: failed={outcome['failed']}, PID {outcome['holder_pid']} named={outcome['pid_named']}, "
+            f"command line from /proc={outcome['described_from_proc']}:"
         )
         lines.append(f"  `{outcome['msg']}`")
     left = report["leftovers"]
