@@ -216,14 +216,17 @@ def model_shape(config):
     name, unit, expert_bits, unquantized = _quantization(quant) if quant else ("none", None, 16, [])
     quantized = frozenset(part for part in sizes if quant and not _is_ignored(PART_MODULES[part], unquantized))
 
-    # Bytes of the routed experts against the rest, in the proportions that the shapes imply.
+    # Bytes of the routed experts against the rest, in the proportions that the shapes imply
+    # (embeddings and attention counted at 16 bits: an estimate of a few percent of the checkpoint).
     moe_layers = layers - dense_layers
-    expert_bytes = moe_layers * experts * 3 * hidden * sizes.get("routed experts", 0) * expert_bits / 8
+    mlp_layers = {"routed experts": moe_layers * experts, "shared experts": moe_layers, "dense MLP": dense_layers}
+    mlp_bytes = {
+        part: mlp_layers[part] * 3 * hidden * size * (expert_bits if part in quantized else 16) / 8
+        for part, size in sizes.items()
+    }
+    expert_bytes = mlp_bytes.get("routed experts", 0)
     other_params = 2 * config.get("vocab_size", 0) * hidden + layers * _attention_params(config, hidden, heads)
-    other_params += moe_layers * 3 * hidden * sizes.get("shared experts", 0) + dense_layers * 3 * hidden * sizes.get(
-        "dense MLP", 0
-    )
-    total_bytes = expert_bytes + other_params * 2
+    total_bytes = sum(mlp_bytes.values()) + other_params * 2
     return ModelShape(
         attention_heads=heads,
         kv_heads=_positive(config, "num_key_value_heads", heads),
@@ -280,10 +283,11 @@ def check_quantization_alignment(shape, layout):
         shard = size / divisor
         if shard != int(shard) or shard % unit:
             how = f"{size} (whole experts)" if divisor == 1 else f"{size} / TP {divisor} = {shard:g}"
+            # Quote vLLM's own words for FP8 blocks, the error users search for.
+            quote = f' ("... = {shard:g} is not divisible by weight quantization block_n = {unit}")'
             return False, (
                 f"the {part}' intermediate shard {how} is not a multiple of the {unit_text}; vLLM would fail "
-                f'only while loading the weights ("... = {shard:g} is not divisible by weight quantization '
-                f'block_n = {unit}")'
+                f"only while loading the weights{quote if 'FP8' in unit_text else ''}"
             )
         shards.append(f"{part} {int(shard)}")
     return True, f"intermediate shards {', '.join(shards)} are multiples of the {unit_text}"
@@ -328,15 +332,18 @@ def gpu_list(gpus):
     return listed
 
 
+def capability_tuple(text):
+    """'9.0' -> (9, 0), so that capabilities compare as numbers ('10.0' > '9.0')."""
+    major, minor = ([*str(text).split("."), "0"])[:2]
+    return int(major), int(minor)
+
+
 def compute_capability(gpu):
     """(major, minor) from the facts' optional compute_capability, else from the GPU's name, else None."""
     value = gpu.get("compute_capability")
     if value is None:
         value = next((cc for name, cc in KNOWN_COMPUTE_CAPABILITIES if name in str(gpu.get("name", ""))), None)
-    if value is None:
-        return None
-    major, _, minor = str(value).partition(".")
-    return int(major), int(minor or 0)
+    return None if value is None else capability_tuple(value)
 
 
 def kv_bytes_per_token(shape, layout, dtype_bytes):
@@ -412,11 +419,10 @@ def _gpu_checks(shape, layout, gpus, settings):
     checks.append(("gpu_count", True, f"{layout.gpus} of {len(gpus)} GPUs"))
     wanted = settings["min_compute_capability"]
     if wanted:
-        major, _, minor = str(wanted).partition(".")
         found = {compute_capability(gpu) for gpu in gpus[: layout.gpus]}
         if None in found:
             checks.append(("compute_capability", False, f"needs compute capability {wanted}; the GPU facts lack it"))
-        elif min(found) < (int(major), int(minor or 0)):
+        elif min(found) < capability_tuple(wanted):
             have = ".".join(map(str, min(found)))
             detail = f"needs compute capability {wanted} or above; {gpus[0].get('name', 'the GPU')} has {have}"
             checks.append(("compute_capability", False, detail))

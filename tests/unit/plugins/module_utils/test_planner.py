@@ -212,3 +212,33 @@ def test_config_without_heads_is_named(entry, seed_box):
 def test_unknown_layout_name_lists_the_choices(entry, config, seed_box):
     with pytest.raises(PlanInputError, match=r"layout 'ep4' is not auto, default, a mapping, or one of \['default', "):
         plan(entry("minimax_m25"), config("MiniMax-M2.5"), seed_box, "ep4")
+
+
+def test_ignore_lists_decide_which_parts_are_quantized(config):
+    kimi = model_shape(config("Kimi-K2.5"))
+    assert kimi.intermediate_sizes == {"routed experts": 2048, "shared experts": 2048, "dense MLP": 18432}
+    # Kimi's ignore list keeps attention, shared experts and the dense first layer in BF16.
+    assert kimi.quantized_parts == {"routed experts"}
+    assert (kimi.quantization, kimi.quantization_unit[0], kimi.mla_latent_dim) == ("int4", 32, 576)
+    minimax = model_shape(config("MiniMax-M2.5"))
+    # "gate" in modules_to_not_convert is the router, not the experts' gate_proj.
+    assert (minimax.intermediate_sizes, minimax.quantized_parts) == ({"routed experts": 1536}, {"routed experts"})
+    assert minimax.expert_byte_fraction > 0.95
+
+
+def test_int4_group_alignment_of_expert_shards(entry, config, seed_box):
+    coarse = config("Kimi-K2.5")
+    coarse["text_config"]["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = 512
+    result = plan(entry("kimi_k25"), coarse, seed_box, "default")
+    assert result["failed_rule"] == "quantization_alignment"
+    assert result["reason"].endswith(
+        "the routed experts' intermediate shard 2048 / TP 8 = 256 is not a multiple of the INT4 quantisation group "
+        "512; vLLM would fail only while loading the weights"
+    )
+
+
+def test_a_requirement_that_the_facts_cannot_answer_fails(entry, config, h200_box):
+    for gpu in h200_box["gpus"]:
+        gpu["name"] = "Prototype accelerator"
+    result = plan(entry("kimi_k25_nvfp4"), config("Kimi-K2.5"), h200_box, "default")
+    assert result["reason"].endswith("needs compute capability 10.0; the GPU facts lack it")

@@ -33,7 +33,7 @@ def test_fetches_config_json_alone_from_the_hub_with_the_token(run, hub, entry, 
 
 
 def test_a_gated_repository_without_token_says_so(run, hub, entry):
-    endpoint, _ = hub
+    endpoint = hub[0]
     result = run(
         {"model": entry("minimax_m25"), "hub_repo": "MiniMaxAI/MiniMax-M2.5", "hub_endpoint": endpoint},
         fails=True,
@@ -43,7 +43,7 @@ def test_a_gated_repository_without_token_says_so(run, hub, entry):
 
 
 def test_rejected_layout_fails_with_the_rule_and_the_layouts_that_pass(run, hub, entry, seed_box):
-    endpoint, _ = hub
+    endpoint = hub[0]
     args = {"model": entry("minimax_m25"), "hub_repo": "MiniMaxAI/MiniMax-M2.5", "hub_token": TOKEN}
     result = run(
         {**args, "hub_endpoint": endpoint, "gpus": seed_box, "layout": {"tensor_parallel_size": 8}}, fails=True
