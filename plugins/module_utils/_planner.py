@@ -310,6 +310,15 @@ def check_pipeline(shape, layout):
     return True, f"{math.ceil(shape.layers / layout.pipeline)} layers per stage"
 
 
+def _check_context(shape, max_model_len):
+    limit = shape.max_position_embeddings
+    if not (limit and max_model_len):
+        return {"status": "skipped", "detail": "the model's max_position_embeddings or max_model_len unknown"}
+    if max_model_len > limit:
+        return {"status": "fail", "detail": f"max_model_len {max_model_len} is above the model's {limit} positions"}
+    return {"status": "pass", "detail": f"{max_model_len} of the model's {limit} positions"}
+
+
 MODEL_RULES = (
     ("attention_heads", check_attention_heads),
     ("kv_heads", check_kv_heads),
@@ -445,15 +454,7 @@ def evaluate(shape, layout, gpus, settings):
     if shape is None:
         checks.append({"rule": "model", "status": "skipped", "detail": "no config.json: model rules not checked"})
     else:
-        limit = shape.max_position_embeddings
-        if limit and settings["max_model_len"] and settings["max_model_len"] > limit:
-            checks.append(
-                {
-                    "rule": "max_model_len",
-                    "status": "fail",
-                    "detail": f"max_model_len {settings['max_model_len']} is above the model's {limit} positions",
-                }
-            )
+        checks.append({"rule": "max_model_len", **_check_context(shape, settings["max_model_len"])})
         for rule, check in MODEL_RULES:
             passed, detail = check(shape, layout)
             checks.append({"rule": rule, "status": "pass" if passed else "fail", "detail": detail})

@@ -193,6 +193,7 @@ passing_layouts:
 import glob
 import json
 import os
+from urllib.parse import quote
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import fetch_url
@@ -217,7 +218,8 @@ def read_local_config(path):
 def fetch_hub_config(module):
     params = module.params
     endpoint = (params["hub_endpoint"] or os.environ.get("HF_ENDPOINT") or DEFAULT_HUB).rstrip("/")
-    url = f"{endpoint}/{params['hub_repo']}/resolve/{params['hub_revision']}/config.json"
+    # A revision like refs/pr/1 is one path segment for the hub.
+    url = f"{endpoint}/{params['hub_repo']}/resolve/{quote(params['hub_revision'], safe='')}/config.json"
     headers = {"Authorization": f"Bearer {params['hub_token']}"} if params["hub_token"] else {}
     response, info = fetch_url(module, url, headers=headers, timeout=params["timeout"])
     where = f"config.json of {params['hub_repo']} at {params['hub_revision']} ({url})"

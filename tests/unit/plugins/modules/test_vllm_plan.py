@@ -106,3 +106,16 @@ def test_config_sources_exclude_each_other(run, config, entry):
         {"model": entry("tiny"), "config": config("MiniMax-M2.5"), "hub_repo": "MiniMaxAI/MiniMax-M2.5"}, fails=True
     )
     assert "mutually exclusive" in result["msg"]
+
+
+def test_a_pull_request_revision_is_one_path_segment(run, hub_server, config, entry):
+    path = "/MiniMaxAI/MiniMax-M2.5/resolve/refs%2Fpr%2F1/config.json"
+    endpoint, requests = hub_server({path: json.dumps(config("MiniMax-M2.5")).encode()})
+    args = {"model": entry("minimax_m25"), "hub_repo": "MiniMaxAI/MiniMax-M2.5", "hub_revision": "refs/pr/1"}
+    result = run({**args, "hub_endpoint": endpoint})
+    assert [request["path"] for request in requests] == [path]
+    assert result["checks"][0] == {
+        "rule": "max_model_len",
+        "status": "pass",
+        "detail": "196608 of the model's 196608 positions",
+    }
