@@ -617,7 +617,9 @@ def plan(entry, config=None, gpus=None, layout="default", **options):
 
 def _summary(entry, result):
     """One line for people: what the plan found, or what it could not check."""
-    head = f"{entry['name']} {result['description']} on {result['gpus']} GPU(s)"
+    head = f"{entry['name']} {result['description']}"
+    if any(check["rule"] == "gpu_count" for check in result["checks"]):
+        head += f" on {result['gpus']} GPU(s)"
     memory = result["memory"]
     if memory:
         return (

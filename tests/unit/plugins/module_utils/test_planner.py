@@ -183,7 +183,7 @@ def test_a_cpu_host_skips_the_gpu_rules(entry):
     assert result["ok"] is True
     assert statuses(result) == {"model": "skipped", "gpus": "skipped"}
     assert result["memory"] is None
-    assert result["summary"] == "tiny TP1 on 1 GPU(s); not checked: model, gpus"
+    assert result["summary"] == "tiny TP1; not checked: model, gpus"
 
 
 def test_gpu_rules_without_a_checkpoint_size_skip_memory(entry, config, seed_box):
