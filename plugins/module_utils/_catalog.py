@@ -5,6 +5,8 @@
 A user's own directories come first, so an entry there overrides the collection's entry of the same
 name. Reading is separate from checking: `check_entry` is pure and says exactly which key is wrong,
 including every server setting, so that a deploy fails on a bad entry before it changes any host.
+The facts that the layout planner needs beyond config.json (checkpoint size, quantisation, GPU
+requirements) are checked here too, and the entry gets `checkpoint_bytes` from `checkpoint_size`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,16 @@ import re
 from ansible_collections.llmops.vllm.plugins.module_utils._serve_command import ServeSpecError, build_serve_args
 
 ENTRY_NAME = re.compile(r"[a-z0-9][a-z0-9_]*\Z")
+# "230 GB", "540GiB", "1.2 TB": decimal units as the hub shows sizes, binary ones as nvidia-smi does.
+SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?) *([KMGT]i?B)\Z")
+SIZE_UNITS = {
+    "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+    "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
+}  # fmt: skip
+COMPUTE_CAPABILITY = re.compile(r"[0-9]+\.[0-9]+\Z")
+# What the weights are stored as; `none` is the config's own dtype (bf16/fp16).
+QUANTIZATIONS = ("none", "fp8", "int4", "int8", "nvfp4", "mxfp4")
+REQUIREMENT_KEYS = ("min_compute_capability",)
 CATALOG_SUFFIXES = (".yml", ".yaml")
 SOURCE_KINDS = ("generated", "hub")
 
@@ -32,8 +44,15 @@ ENTRY_DEFAULTS = {
     "load_timeout": 600,
     # Seconds in-flight requests may take to finish when the server stops (vLLM's --shutdown-timeout).
     "drain_timeout": 30,
+    # Size of the weights as stored ("230 GB"); the planner divides it over the GPUs.
+    "checkpoint_size": None,
+    "quantization": None,
+    # What the GPUs must offer, e.g. {min_compute_capability: "10.0"} for FP4 tensor cores (Blackwell).
+    "requires": {},
 }
 REQUIRED_KEYS = ("source", "served_name")
+# Keys that check_entry adds; an entry passed on (to a module) carries them.
+DERIVED_KEYS = ("name", "checkpoint_bytes")
 
 
 class CatalogError(ValueError):
@@ -44,18 +63,56 @@ def _fail(name, message):
     raise CatalogError(f"catalog entry {name!r}: {message}")
 
 
+def serve_spec(entry, layout, model, host="0.0.0.0", port=8000):
+    """The spec of `build_serve_args` for this entry served from `model` with `layout`."""
+    spec = {key: entry[key] for key in ("served_name", "max_model_len", "max_num_seqs", "gpu_memory_utilization")}
+    spec.update(model=model, host=host, port=port, layout=layout)
+    spec.update(trust_remote_code=entry["trust_remote_code"], extra_args=entry["extra_args"])
+    return spec
+
+
 def _check_server_settings(name, entry, layout, alternative=None):
     """Build the server's command line once, so a bad layout or flag fails before any host changes."""
     where = f"alternatives.{alternative}: " if alternative else ""
     if not isinstance(layout, dict):
         _fail(name, f"{where}layout must be a mapping of parallel sizes, got {layout!r}")
-    spec = {key: entry[key] for key in ("served_name", "max_model_len", "max_num_seqs", "gpu_memory_utilization")}
-    spec.update(model="weights", host="0.0.0.0", port=8000, layout=layout)
-    spec.update(trust_remote_code=entry["trust_remote_code"], extra_args=entry["extra_args"])
     try:
-        build_serve_args(spec)
+        build_serve_args(serve_spec(entry, layout, model="weights"))
     except ServeSpecError as error:
         _fail(name, f"{where}{error}")
+
+
+def size_in_bytes(size):
+    """Bytes of a size given as a whole number of bytes or as text with a unit ("230 GB", "540 GiB")."""
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        return size
+    match = SIZE.match(size.strip()) if isinstance(size, str) else None
+    if not match or float(match.group(1)) <= 0:
+        raise ValueError(
+            f"must be a number of bytes or a size with a unit ({', '.join(SIZE_UNITS)}), e.g. '230 GB', got {size!r}"
+        )
+    return int(float(match.group(1)) * SIZE_UNITS[match.group(2)])
+
+
+def _check_planning_facts(name, entry):
+    if entry["checkpoint_size"] is not None:
+        try:
+            entry["checkpoint_bytes"] = size_in_bytes(entry["checkpoint_size"])
+        except ValueError as error:
+            _fail(name, f"checkpoint_size {error}")
+    else:
+        entry["checkpoint_bytes"] = None
+    if entry["quantization"] is not None and entry["quantization"] not in QUANTIZATIONS:
+        _fail(name, f"quantization must be one of {list(QUANTIZATIONS)}, got {entry['quantization']!r}")
+    requires = entry["requires"]
+    if not isinstance(requires, dict):
+        _fail(name, f"requires must be a mapping, e.g. {{min_compute_capability: '10.0'}}, got {requires!r}")
+    unknown = sorted(set(requires) - set(REQUIREMENT_KEYS))
+    if unknown:
+        _fail(name, f"requires has unknown keys {unknown}; known keys: {list(REQUIREMENT_KEYS)}")
+    capability = requires.get("min_compute_capability")
+    if capability is not None and not COMPUTE_CAPABILITY.match(str(capability)):
+        _fail(name, f"requires.min_compute_capability must be MAJOR.MINOR as a string, e.g. '10.0', got {capability!r}")
 
 
 def _check_source(name, source):
@@ -88,6 +145,7 @@ def check_entry(name, raw_entry):
     if not isinstance(entry["env"], dict):
         _fail(name, "env must map variable names to values")
     entry["env"] = {str(key): str(value) for key, value in entry["env"].items()}
+    _check_planning_facts(name, entry)
     entry["name"] = name
     return entry
 

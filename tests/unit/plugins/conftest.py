@@ -1,9 +1,78 @@
-"""Fixtures shared by the tests of module_utils and of modules."""
+"""Fixtures shared by the tests of module_utils and of modules: a real idle process, the GPU facts of the two
+kinds of hosts the planner is tested against, and the real model configs."""
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[3]
+CONFIGS = ROOT / "tests" / "unit" / "fixtures" / "configs"
+
+
+def gpu_facts(count, name, memory_total_mib, link, kind, compute_capability=None):
+    """The vllm_gpus fact of llmops.vllm.gpu_facts for `count` identical GPUs, every pair on `link`."""
+    gpus = [
+        {
+            "index": index,
+            "uuid": f"GPU-{index:08d}",
+            "name": name,
+            "memory_total_mib": memory_total_mib,
+            "memory_used_mib": 0,
+            "mig_mode": "Disabled",
+            "pci_bus_id": f"00000000:{index + 0x18:02X}:00.0",
+        }
+        for index in range(count)
+    ]
+    if compute_capability:
+        for gpu in gpus:
+            gpu["compute_capability"] = compute_capability
+    pairs = [{"gpus": [a, b], "link": link, "kind": kind} for a in range(count) for b in range(a + 1, count)]
+    matrix = [["X" if a == b else link for b in range(count)] for a in range(count)]
+    return {
+        "present": True,
+        "count": count,
+        "gpus": gpus,
+        "topology": {"matrix": matrix, "pairs": pairs, "all_nvlink": kind == "nvlink"},
+        "driver_version": "580.95.05",
+        "cuda_version": "13.0",
+        "backend": "nvml",
+    }
+
+
+@pytest.fixture
+def seed_box():
+    """The seed report's host: 8 RTX PRO 6000 Blackwell of 96 GB, PCIe only (compute capability 12.0)."""
+    return gpu_facts(8, "NVIDIA RTX PRO 6000 Blackwell Server Edition", 97887, "SYS", "pcie", "12.0")
+
+
+@pytest.fixture
+def h200_box():
+    """8 H200 on NVLink; the facts carry no compute capability, so the name gives it (9.0)."""
+    return gpu_facts(8, "NVIDIA H200", 143771, "NV18", "nvlink")
+
+
+@pytest.fixture
+def config():
+    def read(name):
+        return json.loads((CONFIGS / f"{name}.config.json").read_text())
+
+    return read
+
+
+@pytest.fixture
+def entry():
+    # Imported here: the collection becomes importable only when the session starts (tests/unit/conftest.py).
+    from ansible_collections.llmops.vllm.plugins.module_utils._catalog import check_entry
+
+    def read(name, **changes):
+        raw = yaml.safe_load((ROOT / "models" / f"{name}.yml").read_text())
+        return check_entry(name, {**raw, **changes})
+
+    return read
 
 
 @pytest.fixture

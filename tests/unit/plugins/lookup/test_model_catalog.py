@@ -23,8 +23,18 @@ def test_user_entry_comes_first(catalog, tmp_path):
 
 
 def test_unknown_model_lists_known_ones(catalog):
-    with pytest.raises(AnsibleLookupError, match=r"unknown model 'nope'.*knows: kimi_k25, minimax_m25, tiny"):
+    with pytest.raises(
+        AnsibleLookupError, match=r"unknown model 'nope'.*knows: kimi_k25, kimi_k25_nvfp4, minimax_m25, tiny"
+    ):
         catalog.run(["nope"], variables={})
+
+
+def test_shipped_entries_carry_their_planning_facts(catalog):
+    minimax, kimi, nvfp4 = catalog.run(["minimax_m25", "kimi_k25", "kimi_k25_nvfp4"], variables={})
+    assert (minimax["checkpoint_bytes"], minimax["quantization"]) == (230 * 10**9, "fp8")
+    assert (kimi["checkpoint_bytes"], kimi["quantization"], kimi["load_timeout"]) == (595 * 10**9, "int4", 1800)
+    assert nvfp4["requires"] == {"min_compute_capability": "10.0"}
+    assert nvfp4["source"]["repo"] == "nvidia/Kimi-K2.5-NVFP4"
 
 
 def test_broken_yaml_is_reported(catalog, tmp_path):

@@ -48,11 +48,32 @@ def test_env_values_become_strings():
         ({"load_timeout": 0}, "load_timeout must be a whole number of seconds"),
         ({"drain_timeout": -1}, "drain_timeout must be a whole number of seconds"),
         ({"extra_args": "--enforce-eager"}, "extra_args must be a list of strings"),
+        ({"checkpoint_size": "230"}, r"checkpoint_size must be a number of bytes or a size with a unit .* got '230'"),
+        ({"checkpoint_size": "0 GB"}, "checkpoint_size must be a number of bytes"),
+        ({"checkpoint_size": True}, "checkpoint_size must be a number of bytes"),
+        ({"quantization": "fp6"}, r"quantization must be one of \['none', 'fp8', "),
+        ({"requires": ["blackwell"]}, "requires must be a mapping"),
+        ({"requires": {"gpu": "B200"}}, r"requires has unknown keys \['gpu'\]"),
+        ({"requires": {"min_compute_capability": "blackwell"}}, "min_compute_capability must be MAJOR.MINOR"),
     ],
 )
 def test_bad_entries_name_the_key(changes, message):
     with pytest.raises(CatalogError, match=message):
         check_entry("tiny", {**MINIMAL, **changes})
+
+
+@pytest.mark.parametrize(
+    ("size", "expected"),
+    [("230 GB", 230 * 10**9), ("540GiB", 540 * 2**30), ("1.2 TB", 1_200_000_000_000), (4096, 4096)],
+)
+def test_checkpoint_size_becomes_bytes(size, expected):
+    entry = check_entry("tiny", {**MINIMAL, "checkpoint_size": size})
+    assert entry["checkpoint_bytes"] == expected
+
+
+def test_planning_facts_default_to_unknown():
+    entry = check_entry("tiny", dict(MINIMAL))
+    assert (entry["checkpoint_bytes"], entry["quantization"], entry["requires"]) == (None, None, {})
 
 
 def test_missing_required_keys():
@@ -62,7 +83,7 @@ def test_missing_required_keys():
 
 def test_shipped_entries_are_valid():
     files = catalog_files([str(COLLECTION_CATALOG)])
-    assert {"tiny", "minimax_m25", "kimi_k25"} <= set(files)
+    assert {"tiny", "minimax_m25", "kimi_k25", "kimi_k25_nvfp4"} <= set(files)
     for name, path in files.items():
         entry = check_entry(name, yaml.safe_load(Path(path).read_text()))
         assert entry["name"] == name
@@ -83,7 +104,7 @@ def test_unknown_name_lists_every_known_name(tmp_path):
     with pytest.raises(CatalogError) as error:
         find_entry_file("llama", [str(tmp_path), str(COLLECTION_CATALOG)])
     assert "unknown model 'llama'" in str(error.value)
-    assert "kimi_k25, mine, minimax_m25, tiny" in str(error.value)
+    assert "kimi_k25, kimi_k25_nvfp4, mine, minimax_m25, tiny" in str(error.value)
 
 
 def test_missing_directory_is_named(tmp_path):

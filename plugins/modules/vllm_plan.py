@@ -1,0 +1,300 @@
+#!/usr/bin/python
+# Copyright: llmops.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: vllm_plan
+short_description: Check a model's parallel layout against its config.json and the host's GPUs, before any download
+version_added: 0.1.0
+author: llmops.vllm contributors (@llmops-vllm)
+description:
+  - Reads the model's C(config.json) (a local file, or that one file from the Hugging Face hub) and checks a
+    tensor/pipeline/data/expert parallel layout of a catalog entry against it and against the host's GPU facts.
+  - "Rules: attention heads divisible by TP; KV heads divisible by TP, or TP a multiple of them (replication);
+    the intermediate shards of routed experts, shared experts and dense MLPs are multiples of the checkpoint's
+    quantisation block or group (FP8 128x128 blocks: MiniMax-M2.5 fails at TP 8); MLA (one latent KV head on every
+    rank); expert parallelism (EP = TP x DP, experts divisible by it); pipeline stages; max_model_len within the
+    model's positions; GPU count; compute capability (the entry's C(requires)); memory (weights per GPU from the
+    checkpoint's size, KV cache bytes per token from the config, how many max_model_len sequences fit)."
+  - Fails with the rule that broke and the layouts that pass on this host (the entry's alternatives, then TP/DP/EP
+    combinations up to the GPU count). Warns about an MLA model whose TP spans PCIe links.
+  - Without GPU facts (a host without GPUs) the GPU rules are skipped; without a config (a generated model whose
+    files do not exist yet) the model rules are skipped. Changes nothing on the host.
+extends_documentation_fragment:
+  - llmops.vllm.attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+options:
+  model:
+    description: The catalog entry, as the P(llmops.vllm.model_catalog#lookup) lookup returns it.
+    type: dict
+    required: true
+  config:
+    description: The model's config.json, already read.
+    type: dict
+  config_path:
+    description:
+      - Path on the host of the model's config.json, or of the directory that holds it.
+      - When that directory holds C(*.safetensors) files and neither O(checkpoint_bytes) nor the entry's
+        C(checkpoint_size) is set, their sizes are the checkpoint's size.
+    type: path
+  hub_repo:
+    description: Hugging Face repository (owner/name) to fetch C(config.json) from; only that file is fetched.
+    type: str
+  hub_revision:
+    description: Branch, tag or commit of O(hub_repo).
+    type: str
+    default: main
+  hub_token:
+    description: Token for gated or private repositories; sent as a bearer token, never returned or logged.
+    type: str
+  hub_endpoint:
+    description: The hub's address, for a mirror; defaults to the E(HF_ENDPOINT) variable, else C(https://huggingface.co).
+    type: str
+  timeout:
+    description: Seconds the hub may take to answer.
+    type: int
+    default: 30
+  gpus:
+    description:
+      - The host's GPU facts, the C(vllm_gpus) fact of llmops.vllm.gpu_facts (C(present), C(gpus) with
+        C(memory_total_mib), C(memory_used_mib), C(name) and optionally C(compute_capability), C(topology)).
+      - Omitted, or C(present=false), skips the rules that need GPUs.
+    type: dict
+  layout:
+    description:
+      - C(default) (the entry's layout), the name of one of the entry's alternatives, C(auto) (the first layout
+        that passes, among the default, the alternatives, then other TP/DP/EP combinations), or a mapping of
+        parallel sizes like the entry's C(layout).
+    type: raw
+    default: default
+  max_model_len:
+    description: Context length to plan for; defaults to the entry's, else the model's C(max_position_embeddings).
+    type: int
+  checkpoint_bytes:
+    description: Size of the weights in bytes; defaults to the entry's C(checkpoint_size).
+    type: int
+  runtime_overhead_gib:
+    description: GiB per GPU besides weights and KV cache (activations, CUDA graphs, NCCL buffers).
+    type: float
+    default: 4.0
+  model_path:
+    description: The C(--model) of the returned serve arguments; defaults to the hub repository or the entry's name.
+    type: str
+  host:
+    description: The C(--host) of the returned serve arguments.
+    type: str
+    default: 0.0.0.0
+  port:
+    description: The C(--port) of the returned serve arguments.
+    type: int
+    default: 8000
+notes:
+  - The weights per GPU are the checkpoint's bytes divided by TP (routed experts by the expert parallel size), in
+    the proportions of experts and other weights that the config implies; vLLM's own figure differs by a few
+    percent (vision towers, buffers).
+"""
+
+EXAMPLES = r"""
+- name: Plan MiniMax-M2.5 on this host's GPUs before downloading anything
+  llmops.vllm.vllm_plan:
+    model: "{{ lookup('llmops.vllm.model_catalog', 'minimax_m25') }}"
+    hub_repo: MiniMaxAI/MiniMax-M2.5
+    hub_token: "{{ hf_token | default(omit) }}"
+    gpus: "{{ vllm_gpus }}"
+  register: plan
+
+- name: Pick the first layout that passes, from weights already on the host
+  llmops.vllm.vllm_plan:
+    model: "{{ lookup('llmops.vllm.model_catalog', 'kimi_k25') }}"
+    config_path: /var/lib/vllm/models/kimi_k25
+    gpus: "{{ vllm_gpus }}"
+    layout: auto
+    max_model_len: 65536
+"""
+
+RETURN = r"""
+ok:
+  description: Whether every rule passed.
+  returned: always
+  type: bool
+  sample: true
+layout:
+  description: The layout planned, as parallel sizes.
+  returned: always
+  type: dict
+  sample: {"tensor_parallel_size": 4}
+layout_name:
+  description: C(default), the alternative's name, C(custom), or for O(layout=auto) the name of the layout chosen.
+  returned: always
+  type: str
+  sample: default
+description:
+  description: The layout in short (C(TP8 EP8), C(TP1 DP8 EP8)).
+  returned: always
+  type: str
+  sample: TP4
+gpus:
+  description: GPUs that the layout occupies.
+  returned: always
+  type: int
+  sample: 4
+serve_args:
+  description: The vLLM server's arguments for this layout and entry.
+  returned: always
+  type: list
+  elements: str
+  sample: [--model, MiniMaxAI/MiniMax-M2.5, --served-model-name, minimax-m2.5, --host, 0.0.0.0, --port, "8000",
+           --tensor-parallel-size, "4", --max-num-seqs, "256"]
+checks:
+  description: Each rule with its status (C(pass), C(fail), C(skipped)) and what it found.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"rule": "quantization_alignment", "status": "pass",
+            "detail": "intermediate shards routed experts 384 are multiples of the FP8 weight block 128x128"}]
+memory:
+  description: Memory of one GPU of the layout, in bytes (and GiB rounded), and the concurrency that fits.
+  returned: always (null when GPU facts, the config or the checkpoint size are missing)
+  type: dict
+  sample: {"weights_bytes": 57500000000, "weights_gib": 53.6, "kv_cache_gib": 28.5, "kv_cache_bytes_per_token": 63488,
+           "kv_cache_tokens": 481709, "max_model_len": 196608, "max_concurrency_at_max_model_len": 2}
+layout_warnings:
+  description: What passes but deserves attention (MLA over PCIe, memory already in use).
+  returned: always
+  type: list
+  elements: str
+summary:
+  description: One line for people.
+  returned: always
+  type: str
+  sample: "minimax_m25 TP4 on 4 GPU(s): weights 53.6 GiB + KV cache 28.5 GiB per GPU, 2 sequence(s) of 196608 tokens"
+failed_rule:
+  description: The first rule that failed, or null.
+  returned: always
+  type: str
+  sample: quantization_alignment
+passing_layouts:
+  description: On failure, the layouts that pass on this host, each with its name, layout, GPUs and memory figures.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"name": "ep8", "layout": {"tensor_parallel_size": 8, "expert_parallel_size": 8}, "gpus": 8,
+            "weights_gib": 26.8, "max_concurrency_at_max_model_len": 9}]
+"""
+
+import glob
+import json
+import os
+from urllib.parse import quote
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import fetch_url
+
+from ansible_collections.llmops.vllm.plugins.module_utils._catalog import DERIVED_KEYS, CatalogError, check_entry
+from ansible_collections.llmops.vllm.plugins.module_utils._planner import GIB, PlanInputError, failure_message, plan
+from ansible_collections.llmops.vllm.plugins.module_utils._serve_command import ServeSpecError
+
+DEFAULT_HUB = "https://huggingface.co"
+
+
+def read_local_config(path):
+    """(config, bytes of the *.safetensors beside it or None) from a config.json or its directory."""
+    directory = path if os.path.isdir(path) else os.path.dirname(path)
+    config_file = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    with open(config_file, encoding="utf-8") as stream:
+        config = json.load(stream)
+    shards = glob.glob(os.path.join(directory, "*.safetensors"))
+    return config, (sum(os.path.getsize(shard) for shard in shards) or None)
+
+
+def fetch_hub_config(module):
+    params = module.params
+    endpoint = (params["hub_endpoint"] or os.environ.get("HF_ENDPOINT") or DEFAULT_HUB).rstrip("/")
+    # A revision like refs/pr/1 is one path segment for the hub.
+    url = f"{endpoint}/{params['hub_repo']}/resolve/{quote(params['hub_revision'], safe='')}/config.json"
+    headers = {"Authorization": f"Bearer {params['hub_token']}"} if params["hub_token"] else {}
+    response, info = fetch_url(module, url, headers=headers, timeout=params["timeout"])
+    where = f"config.json of {params['hub_repo']} at {params['hub_revision']} ({url})"
+    if info["status"] != 200:
+        hint = " (a gated or private repository: set hub_token)" if info["status"] in (401, 403) else ""
+        module.fail_json(msg=f"Cannot fetch {where}: HTTP {info['status']} {info.get('msg', '')}{hint}", url=url)
+    try:
+        return json.loads(response.read())
+    except ValueError as error:
+        module.fail_json(msg=f"{where} is not JSON: {error}", url=url)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "model": {"type": "dict", "required": True},
+            "config": {"type": "dict"},
+            "config_path": {"type": "path"},
+            "hub_repo": {"type": "str"},
+            "hub_revision": {"type": "str", "default": "main"},
+            "hub_token": {"type": "str", "no_log": True},
+            "hub_endpoint": {"type": "str"},
+            "timeout": {"type": "int", "default": 30},
+            "gpus": {"type": "dict"},
+            "layout": {"type": "raw", "default": "default"},
+            "max_model_len": {"type": "int"},
+            "checkpoint_bytes": {"type": "int"},
+            "runtime_overhead_gib": {"type": "float", "default": 4.0},
+            "model_path": {"type": "str"},
+            "host": {"type": "str", "default": "0.0.0.0"},
+            "port": {"type": "int", "default": 8000},
+        },
+        mutually_exclusive=[("config", "config_path", "hub_repo")],
+        supports_check_mode=True,
+    )
+    params = module.params
+    name = params["model"].get("name", "model")
+    try:
+        entry = check_entry(name, {key: value for key, value in params["model"].items() if key not in DERIVED_KEYS})
+    except CatalogError as error:
+        module.fail_json(msg=str(error))
+
+    config, local_bytes = params["config"], None
+    if params["config_path"]:
+        try:
+            config, local_bytes = read_local_config(params["config_path"])
+        except (OSError, ValueError) as error:
+            module.fail_json(msg=f"Cannot read the config.json of {name} at {params['config_path']}: {error}")
+    elif params["hub_repo"]:
+        config = fetch_hub_config(module)
+
+    layout = params["layout"]
+    if not isinstance(layout, (str, dict)):
+        module.fail_json(msg=f"layout must be auto, default, an alternative's name or a mapping, got {layout!r}")
+    try:
+        result = plan(
+            entry,
+            config=config,
+            gpus=params["gpus"],
+            layout=layout,
+            max_model_len=params["max_model_len"],
+            checkpoint_bytes=params["checkpoint_bytes"] or entry["checkpoint_bytes"] or local_bytes,
+            runtime_overhead_bytes=int(params["runtime_overhead_gib"] * GIB),
+            model_path=params["model_path"],
+            host=params["host"],
+            port=params["port"],
+        )
+    except (PlanInputError, ServeSpecError) as error:
+        module.fail_json(msg=f"Cannot plan {name}: {error}")
+    for warning in result["layout_warnings"]:
+        module.warn(warning)
+    if not result["ok"]:
+        module.fail_json(msg=failure_message(result), **result)
+    module.exit_json(changed=False, **result)
+
+
+if __name__ == "__main__":
+    main()
