@@ -332,12 +332,16 @@ class HubSource(HttpSource):
         endpoint = endpoint.rstrip("/")
         quoted = urllib.parse.quote(revision, safe="")
         super().__init__(f"{endpoint}/{repo}/resolve/{quoted}/", headers, timeout)
+        self.repo_url = f"{endpoint}/{repo}"
         self.info_url = f"{endpoint}/api/models/{repo}/revision/{quoted}?blobs=true"
         self.commit = None
 
     def files(self):
+        """The files at the revision; later downloads come from the commit it resolved to, not a moving branch."""
         info = self.read_json(self.info_url)
         self.commit = info.get("sha")
+        if self.commit:
+            self.base_url = f"{self.repo_url}/resolve/{self.commit}/"
         return hub_files(info)
 
 

@@ -30,11 +30,13 @@ served_name: tiny-mirror
 max_model_len: 2048
 max_num_seqs: 16
 """
+# At 2 MiB/s the 5.5 MiB of tiny take a few seconds: long enough for the role to print its progress.
 NGINX_SITE = f"""
 server {{
     listen 127.0.0.1:8088;
     root {MIRROR_ROOT};
     autoindex on;
+    limit_rate 2m;
 }}
 """
 
@@ -86,7 +88,14 @@ def deploy_args(catalog, *extra):
         "-e",
         "model=tiny_mirror",
         "-e",
-        json.dumps({"vllm_catalog_paths": [str(catalog)], "vllm_weights_mirror": MIRROR_URL, "vllm_server_port": PORT}),
+        json.dumps(
+            {
+                "vllm_catalog_paths": [str(catalog)],
+                "vllm_weights_mirror": MIRROR_URL,
+                "vllm_weights_progress_interval": 1,
+                "vllm_server_port": PORT,
+            }
+        ),
         *extra,
     )
 
@@ -129,6 +138,10 @@ def test_deploy_loads_weights_from_the_http_mirror(deployed, mirror, catalog):
     proc = deployed.playbook("playbooks/deploy.yml", *deploy_args(catalog))
     assert proc.returncode == 0, f"{proc.stdout[-6000:]}\n{proc.stderr[-2000:]}"
     try:
+        output = " ".join(proc.stdout.split())  # the callback may wrap the message
+        progress = re.findall(r"msg: ([\d.]+ % \(.*? of .*?\), \S+ \S+/s, [\w.]+, ETA (?:\d+ s|unknown))", output)
+        print("\n".join(progress))
+        assert progress and float(progress[-1].split()[0]) < 100
         copied = deployed.sh("cd /var/lib/vllm/models/tiny_mirror && sha256sum *").stdout
         assert {name: digest for digest, name in (line.split() for line in copied.splitlines())} == mirror
         unit = deployed.sh("systemctl cat vllm-tiny_mirror.service").stdout

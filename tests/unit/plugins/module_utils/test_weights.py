@@ -327,7 +327,7 @@ def test_hub_source_lists_from_the_model_api_and_sends_the_token_only_there(tmp_
     assert seen == [("/api/models/MiniMaxAI/MiniMax-M2.5/revision/main?blobs=true", "Bearer hf_secret")]
     assert hub.commit == MODEL_INFO["sha"] and len(files) == 5
     assert hub.url("model-00001-of-00126.safetensors").endswith(
-        "/MiniMaxAI/MiniMax-M2.5/resolve/main/model-00001-of-00126.safetensors"
+        f"/MiniMaxAI/MiniMax-M2.5/resolve/{MODEL_INFO['sha']}/model-00001-of-00126.safetensors"
     )
 
 
