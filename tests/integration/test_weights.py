@@ -30,13 +30,20 @@ served_name: tiny-mirror
 max_model_len: 2048
 max_num_seqs: 16
 """
-# At 2 MiB/s the 5.5 MiB of tiny take a few seconds: long enough for the role to print its progress.
+# The slow mirror sends at 512 KiB/s: the 5.5 MiB of tiny then take long enough for the role to print
+# its progress.
+SLOW_MIRROR_URL = "http://127.0.0.1:8089"
 NGINX_SITE = f"""
 server {{
     listen 127.0.0.1:8088;
     root {MIRROR_ROOT};
     autoindex on;
-    limit_rate 2m;
+}}
+server {{
+    listen 127.0.0.1:8089;
+    root {MIRROR_ROOT};
+    autoindex on;
+    limit_rate 512k;
 }}
 """
 
@@ -91,7 +98,7 @@ def deploy_args(catalog, *extra):
         json.dumps(
             {
                 "vllm_catalog_paths": [str(catalog)],
-                "vllm_weights_mirror": MIRROR_URL,
+                "vllm_weights_mirror": SLOW_MIRROR_URL,
                 "vllm_weights_progress_interval": 1,
                 "vllm_server_port": PORT,
             }
