@@ -17,6 +17,9 @@
 #                         the molecule scenarios start their hosts under their own names
 #   LLMOPS_LOCAL_PORT     host port on 127.0.0.1 for the container's port 8000 (default 8000;
 #                         empty publishes no port)
+#   LLMOPS_LOCAL_TMPFS    size-limited tmpfs mounts in the container, "DIR:SIZE ..." (e.g.
+#                         "/srv/small:1m"): a small filesystem for tests of disk-space checks,
+#                         which root in the container cannot mount without CAP_SYS_ADMIN
 #   LLMOPS_DEBIAN_MIRROR  Debian mirror for the image (default: the host's apt source for bookworm)
 #   LLMOPS_LOCAL_SYS_ADMIN=1  add CAP_SYS_ADMIN to the container. Without it
 #                         systemd cannot create mount namespaces and silently
@@ -36,6 +39,8 @@ readonly NAME=${LLMOPS_LOCAL_NAME:-llmops-vllm-local}
 readonly WHEELHOUSE=${LLMOPS_WHEELHOUSE:-/var/cache/llmops-vllm/wheelhouse}
 readonly PORT=${LLMOPS_LOCAL_PORT-8000}
 readonly SYS_ADMIN=${LLMOPS_LOCAL_SYS_ADMIN:-0}
+readonly TMPFS=${LLMOPS_LOCAL_TMPFS:-}
+readonly TMPFS_LABEL=io.llmops-vllm.tmpfs
 readonly BOOT_TIMEOUT=60
 readonly PACKAGES=(podman runc debootstrap python3)
 # python3-apt lets Ansible's apt module run in check mode.
@@ -78,6 +83,12 @@ host_apt_uri() {
 }
 
 container_exists() { podman container exists "$NAME"; }
+
+container_tmpfs() {
+  local mounts
+  mounts=$(podman container inspect -f "{{ index .Config.Labels \"$TMPFS_LABEL\" }}" "$NAME")
+  [[ $mounts == "<no value>" ]] || echo "$mounts"
+}
 
 container_running() {
   [[ $(podman container inspect -f '{{.State.Running}}' "$NAME" 2>/dev/null) == true ]]
@@ -265,6 +276,10 @@ host_cgroup2_volume() {
 start_container() {
   local opts=() cgroup2
   [[ $SYS_ADMIN == 1 ]] && opts+=(--cap-add SYS_ADMIN)
+  for mount in $TMPFS; do
+    [[ $mount == /*:+([0-9])[kmg] ]] || die "LLMOPS_LOCAL_TMPFS: '$mount' is not DIR:SIZE (e.g. /srv/small:1m)"
+    opts+=(--mount "type=tmpfs,destination=${mount%:*},tmpfs-size=${mount##*:}")
+  done
   [[ -n $PORT ]] && opts+=(-p "127.0.0.1:$PORT:8000")
   cgroup2=$(host_cgroup2_volume)
   [[ -n $cgroup2 ]] && opts+=(-v "$cgroup2")
@@ -275,6 +290,7 @@ start_container() {
   podman run -d --name "$NAME" --hostname "$NAME" \
     --systemd=always --shm-size=2g \
     -v "$WHEELHOUSE:/opt/wheelhouse:ro" \
+    --label "$TMPFS_LABEL=$TMPFS" \
     "${opts[@]}" \
     "$IMAGE" /sbin/init >/dev/null
 }
@@ -287,6 +303,10 @@ cmd_up() {
   if container_exists &&
     [[ $(podman container inspect -f '{{.Image}}' "$NAME") != "$(podman image inspect -f '{{.Id}}' "$IMAGE")" ]]; then
     log "$NAME runs an older image; replacing it"
+    podman rm -f "$NAME" >/dev/null
+  fi
+  if container_exists && [[ $(container_tmpfs) != "$TMPFS" ]]; then
+    log "$NAME was created with other tmpfs mounts than '$TMPFS'; replacing it"
     podman rm -f "$NAME" >/dev/null
   fi
   if container_stale; then

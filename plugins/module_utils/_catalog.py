@@ -28,7 +28,15 @@ COMPUTE_CAPABILITY = re.compile(r"[0-9]+\.[0-9]+\Z")
 QUANTIZATIONS = ("none", "fp8", "int4", "int8", "nvfp4", "mxfp4")
 REQUIREMENT_KEYS = ("min_compute_capability",)
 CATALOG_SUFFIXES = (".yml", ".yaml")
-SOURCE_KINDS = ("generated", "hub")
+SOURCE_KINDS = ("generated", "hub", "local")
+# The keys each kind of source takes. A mirror is not among them: where a fleet fetches from is a
+# deployment's choice (the vllm_weights role's vllm_weights_mirror), not a property of the model.
+SOURCE_KEYS = {
+    "hub": ("repo", "revision", "allow_patterns"),
+    "local": ("path",),
+    "generated": ("vocab_size", "hidden_size", "num_hidden_layers", "seed"),
+}
+HUB_REPO = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+\Z")
 
 ENTRY_DEFAULTS = {
     "description": "",
@@ -116,10 +124,29 @@ def _check_planning_facts(name, entry):
 
 
 def _check_source(name, source):
+    """The weights' source: the hub (repo at a revision), weights already on the host, or generated."""
     if not isinstance(source, dict) or source.get("kind") not in SOURCE_KINDS:
         _fail(name, f"source must be a mapping whose kind is one of {list(SOURCE_KINDS)}, got {source!r}")
-    if source["kind"] == "hub" and not isinstance(source.get("repo"), str):
-        _fail(name, "a hub source needs repo (owner/name on the Hugging Face hub)")
+    kind = source["kind"]
+    unknown = sorted(set(source) - {"kind", *SOURCE_KEYS[kind]})
+    if unknown:
+        _fail(name, f"source: unknown keys {unknown} for kind {kind}; known: {list(SOURCE_KEYS[kind])}")
+    if kind == "hub":
+        if not isinstance(source.get("repo"), str) or not HUB_REPO.match(source["repo"]):
+            _fail(name, f"a hub source needs repo (owner/name on the Hugging Face hub), got {source.get('repo')!r}")
+        if not isinstance(source.get("revision", "main"), str) or not source.get("revision", "main"):
+            _fail(name, f"source.revision must be a branch, tag or commit hash, got {source['revision']!r}")
+        patterns = source.get("allow_patterns", [])
+        if not isinstance(patterns, list) or not all(isinstance(pattern, str) and pattern for pattern in patterns):
+            _fail(name, f"source.allow_patterns must be a list of shell patterns, got {patterns!r}")
+    elif kind == "local":
+        if not isinstance(source.get("path"), str) or not source["path"].startswith("/"):
+            _fail(name, f"a local source needs path, an absolute directory on the host, got {source.get('path')!r}")
+    else:
+        for key in SOURCE_KEYS["generated"]:
+            value = source.get(key, 0)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                _fail(name, f"source.{key} must be a whole number, got {value!r}")
 
 
 def check_entry(name, raw_entry):

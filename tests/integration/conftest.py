@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LOCAL_HOST = ROOT / "scripts" / "local-host.sh"
 API_KEY = "integration-api-key-9d2e"
 ENDPOINT = "http://127.0.0.1:8000"
+SMALL_FS = "/srv/small"
 
 
 @dataclass
@@ -43,11 +44,16 @@ class LocalHost:
             raise AssertionError(f"{script!r} failed with rc {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
         return proc
 
-    def module(self, name: str, check_mode: bool = False, timeout: float = 900, **args) -> dict:
-        """Run one module on the host through Ansible and return its result (with `failed` on failure)."""
+    def module(self, name: str, check_mode: bool = False, timeout: float = 900, python: str = "", **args) -> dict:
+        """Run one module on the host through Ansible and return its result (with `failed` on failure).
+
+        `python` runs it with another interpreter on the host (the vLLM venv's, for tiny_model).
+        """
         command = ["ansible", self.name, "-i", str(self.inventory), "-m", name, "-a", json.dumps(args)]
         if check_mode:
             command.append("--check")
+        if python:
+            command += ["-e", f"ansible_python_interpreter={python}"]
         env = {**os.environ, "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1", "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json"}
         proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT, check=False)
         try:
@@ -65,7 +71,8 @@ class LocalHost:
 @pytest.fixture(scope="session")
 def local_host(tmp_path_factory) -> LocalHost:
     name = os.environ.get("LLMOPS_TEST_HOST", "llmops-vllm-it")
-    env = {**os.environ, "LLMOPS_LOCAL_NAME": name, "LLMOPS_LOCAL_PORT": ""}
+    # /srv/small: a filesystem smaller than the tiny model, for the disk-space check of the weights.
+    env = {**os.environ, "LLMOPS_LOCAL_NAME": name, "LLMOPS_LOCAL_PORT": "", "LLMOPS_LOCAL_TMPFS": SMALL_FS + ":1m"}
     subprocess.run([LOCAL_HOST, "up"], check=True, env=env)
     inventory = tmp_path_factory.mktemp("inventory") / "hosts.yml"
     host_vars = {

@@ -34,6 +34,12 @@ def test_env_values_become_strings():
         ({"sevred_name": "x"}, r"unknown keys \['sevred_name'\]"),
         ({"source": {"kind": "ftp"}}, "source must be a mapping whose kind is one of"),
         ({"source": {"kind": "hub"}}, "a hub source needs repo"),
+        ({"source": {"kind": "hub", "repo": "no-owner"}}, "a hub source needs repo"),
+        ({"source": {"kind": "hub", "repo": "a/b", "revision": ""}}, "source.revision must be a branch"),
+        ({"source": {"kind": "hub", "repo": "a/b", "allow_patterns": "*.json"}}, "allow_patterns must be a list"),
+        ({"source": {"kind": "hub", "repo": "a/b", "mirror": "http://x"}}, r"unknown keys \['mirror'\] for kind hub"),
+        ({"source": {"kind": "local", "path": "models/x"}}, "a local source needs path, an absolute directory"),
+        ({"source": {"kind": "generated", "seed": "1"}}, "source.seed must be a whole number"),
         ({"served_name": "a b"}, "served_name must not contain whitespace"),
         ({"served_name": ""}, "served_name must be a non-empty string"),
         ({"layout": {"tensor_parallel_size": 0}}, r"layout.tensor_parallel_size must be a whole number"),
@@ -74,6 +80,16 @@ def test_checkpoint_size_becomes_bytes(size, expected):
 def test_planning_facts_default_to_unknown():
     entry = check_entry("tiny", dict(MINIMAL))
     assert (entry["checkpoint_bytes"], entry["quantization"], entry["requires"]) == (None, None, {})
+
+
+def test_each_kind_of_source_is_accepted():
+    sources = [
+        {"kind": "hub", "repo": "MiniMaxAI/MiniMax-M2.5", "revision": "0f3c2b1a", "allow_patterns": ["*.json"]},
+        {"kind": "local", "path": "/data/models/minimax"},
+        {"kind": "generated", "hidden_size": 512, "seed": 3},
+    ]
+    for source in sources:
+        assert check_entry("tiny", {**MINIMAL, "source": source})["source"] == source
 
 
 def test_missing_required_keys():

@@ -1,0 +1,335 @@
+#!/usr/bin/python
+# Copyright: llmops.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: model_weights
+short_description: Check that a model's weights fit on the host, then fetch, resume and verify them
+version_added: 0.1.0
+author: llmops.vllm contributors (@llmops-vllm)
+description:
+  - Lists the files of a model at a pinned revision on the Hugging Face hub (sizes, and SHA-256 of the
+    files stored in LFS), or in a mirror that a fleet shares (an HTTP directory or a path the host mounts).
+  - Compares that list with the weights directory and its manifest C(.llmops-weights.json), and counts
+    the bytes still needed. Before anything is written, it fails when those bytes, with a margin and a
+    reserve, exceed the free space of the filesystem that will hold the directory, naming both numbers.
+  - Resumes files that are shorter than the source's (HTTP Range, or a seek on a mounted path), fetches
+    again files that are longer or whose SHA-256 differs, and verifies each fetched file's size and hash.
+    Each verified file is recorded in the manifest, so a later run checks only files that changed.
+  - A directory that serves this manifest (for example a host's weights directory behind nginx) is a
+    mirror that passes the sizes and hashes on to the hosts that fetch from it.
+  - Uses only the Python standard library on the host, so it runs before vLLM is installed.
+extends_documentation_fragment:
+  - llmops.vllm.attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+options:
+  path:
+    description: Directory of the weights; created (with its parents) only when something is fetched.
+    type: path
+    required: true
+  source:
+    description: Where the weights come from, as the catalog's C(source) says.
+    type: dict
+    required: true
+    suboptions:
+      kind:
+        description:
+          - V(hub) fetches C(repo) at C(revision) from the hub, or from O(mirror) when set.
+          - V(local) checks that weights already on the host at C(path) are there; nothing is fetched.
+        type: str
+        required: true
+        choices: [hub, local]
+      repo:
+        description: Repository on the hub, C(owner/name). Required with O(source.kind=hub).
+        type: str
+      revision:
+        description:
+          - Branch, tag or commit on the hub. A commit hash pins the weights; the module returns the
+            commit that a branch or tag resolved to.
+        type: str
+        default: main
+      allow_patterns:
+        description: Fetch only files matching one of these shell patterns (C(*.safetensors), C(tokenizer*)).
+        type: list
+        elements: str
+        default: []
+      path:
+        description: Directory of the weights on the host. Required with O(source.kind=local).
+        type: path
+  mirror:
+    description:
+      - Fetch hub sources from this mirror instead of the hub, from C(MIRROR/REPO) (C(owner/name) under it).
+      - An C(http://) or C(https://) URL of a directory listing (with the manifest when it has one, for
+        hashes; otherwise sizes come from C(Content-Length)), or an absolute path the host mounts.
+    type: str
+  hub_endpoint:
+    description: Base URL of the hub, or of a hub-compatible proxy.
+    type: str
+    default: https://huggingface.co
+  hub_token:
+    description: Hugging Face token for gated or private repositories. Sent only to O(hub_endpoint).
+    type: str
+  state:
+    description:
+      - V(present) fetches what is missing.
+      - V(check) only reports the files, the needed bytes and the free space, and fails when they do not
+        fit; it never writes, so a playbook can run it before it installs or changes anything.
+    type: str
+    choices: [present, check]
+    default: present
+  margin:
+    description: Free space required beyond the needed bytes, as a fraction of them.
+    type: float
+    default: 0.05
+  reserve:
+    description: Free space to leave on the filesystem after the download, in bytes or with a unit (C(10G)).
+    type: str
+    default: 1G
+  progress_file:
+    description:
+      - JSON file that receives the download's progress (bytes done and needed, rate, ETA, current file)
+        about once a second, for a role that polls an asynchronous run. Removed when the fetch ends.
+    type: path
+  timeout:
+    description: Seconds to wait for the source to answer one request.
+    type: int
+    default: 60
+notes:
+  - Files without a hash (the hub's small non-LFS files, a mirror without a manifest) are checked by size;
+    the module hashes them once it has them and so still notices a later change on the host.
+"""
+
+EXAMPLES = r"""
+- name: Fail early when MiniMax-M2.5 does not fit under /var/lib/vllm/models
+  llmops.vllm.model_weights:
+    path: /var/lib/vllm/models/minimax_m25
+    source:
+      kind: hub
+      repo: MiniMaxAI/MiniMax-M2.5
+      revision: main
+    state: check
+
+- name: Fetch Kimi-K2.5 at a pinned commit from the fleet's mirror, weights and configs only
+  llmops.vllm.model_weights:
+    path: /data/models/kimi_k25
+    source:
+      kind: hub
+      repo: moonshotai/Kimi-K2.5
+      revision: 3c6f1b9e2a7d4c8f0e5b1a2d3c4e5f6a7b8c9d0e
+      allow_patterns: ["*.safetensors", "*.json", "*.py", "tiktoken.model"]
+    mirror: http://weights.lab.internal/models
+    reserve: 20G
+    progress_file: /data/models/.kimi_k25.progress.json
+"""
+
+RETURN = r"""
+path:
+  description: Directory from which vLLM loads the weights.
+  returned: always
+  type: str
+  sample: /var/lib/vllm/models/minimax_m25
+files:
+  description: Every file of the source, with its size, hash when known, and what was (or would be) done.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"path": "model-00001-of-00002.safetensors", "size": 4998000000, "sha256": "3f1a...",
+            "action": "resume", "offset": 1048576, "reason": "partial: 1048576 of 4998000000 bytes"}]
+total_bytes:
+  description: Size of all the source's files.
+  returned: always
+  type: int
+  sample: 230500000000
+needed_bytes:
+  description: Bytes still to fetch (the files minus what is already complete, resumed files counting their rest).
+  returned: always
+  type: int
+  sample: 4996951424
+required_free_bytes:
+  description: Free bytes the download requires, with the margin and the reserve; 0 when nothing is needed.
+  returned: always
+  type: int
+  sample: 6320000000
+free_bytes:
+  description: Free bytes on the filesystem that holds O(path) (or its closest existing parent).
+  returned: always
+  type: int
+  sample: 1800000000000
+fetched_bytes:
+  description: Bytes fetched by this run.
+  returned: when O(state=present), not in check mode
+  type: int
+  sample: 4996951424
+elapsed:
+  description: Seconds the fetch took.
+  returned: when O(state=present), not in check mode
+  type: float
+  sample: 41.2
+bytes_per_second:
+  description: Average download rate of this run.
+  returned: when O(state=present), not in check mode
+  type: int
+  sample: 121300000
+commit:
+  description: The hub commit that the revision resolved to, when the hub (not a mirror) was asked.
+  returned: when O(source.kind=hub) without O(mirror)
+  type: str
+  sample: 5a1e4b8f3c2d0e9f8a7b6c5d4e3f2a1b0c9d8e7f
+"""
+
+import os
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.common.text.formatters import human_to_bytes
+
+from ansible_collections.llmops.vllm.plugins.module_utils._weights import (
+    HubSource,
+    MirrorHttpSource,
+    PathSource,
+    Progress,
+    WeightsError,
+    check_space,
+    disk_usage_free,
+    fetch,
+    local_files,
+    nearest_existing_directory,
+    plan_fetch,
+    required_free_bytes,
+    select_files,
+)
+
+
+def open_source(params):
+    source = params["source"]
+    if params["mirror"]:
+        base = params["mirror"].rstrip("/") + "/" + source["repo"]
+        if base.startswith(("http://", "https://")):
+            return MirrorHttpSource(base, timeout=params["timeout"])
+        return PathSource(base)
+    return HubSource(source["repo"], source["revision"], params["hub_endpoint"], params["hub_token"], params["timeout"])
+
+
+def describe(step):
+    return {
+        "path": step.file.path,
+        "size": step.file.size,
+        "sha256": step.file.sha256,
+        "action": step.action,
+        "offset": step.offset,
+        "reason": step.reason,
+    }
+
+
+def local_weights(module, path):
+    """Weights already on the host: they must be a directory with a config.json; nothing is fetched."""
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        module.fail_json(msg=f"source.path {path} holds no config.json: it is not a model directory on this host")
+    files = local_files(path)
+    module.exit_json(
+        changed=False,
+        path=path,
+        files=[{"path": file.path, "size": file.size, "action": "keep"} for file in files],
+        total_bytes=sum(file.size for file in files),
+        needed_bytes=0,
+        required_free_bytes=0,
+        free_bytes=disk_usage_free(path),
+    )
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "path": {"type": "path", "required": True},
+            "source": {
+                "type": "dict",
+                "required": True,
+                "options": {
+                    "kind": {"type": "str", "required": True, "choices": ["hub", "local"]},
+                    "repo": {"type": "str"},
+                    "revision": {"type": "str", "default": "main"},
+                    "allow_patterns": {"type": "list", "elements": "str", "default": []},
+                    "path": {"type": "path"},
+                },
+                "required_if": [("kind", "hub", ["repo"]), ("kind", "local", ["path"])],
+            },
+            "mirror": {"type": "str"},
+            "hub_endpoint": {"type": "str", "default": "https://huggingface.co"},
+            "hub_token": {"type": "str", "no_log": True},
+            "state": {"type": "str", "choices": ["present", "check"], "default": "present"},
+            "margin": {"type": "float", "default": 0.05},
+            "reserve": {"type": "str", "default": "1G"},
+            "progress_file": {"type": "path"},
+            "timeout": {"type": "int", "default": 60},
+        },
+        supports_check_mode=True,
+    )
+    params = module.params
+    source = params["source"]
+    if source["kind"] == "local":
+        local_weights(module, source["path"])
+    try:
+        reserve = human_to_bytes(params["reserve"])
+    except ValueError as error:
+        module.fail_json(msg=f"reserve: {error}")
+    if params["margin"] < 0 or reserve < 0:
+        module.fail_json(msg="margin and reserve must not be negative")
+
+    dest = params["path"]
+    description = {"kind": "hub", "repo": source["repo"], "revision": source["revision"]}
+    try:
+        origin = open_source(params)
+        files = select_files(origin.files(), source["allow_patterns"])
+        if not files:
+            raise WeightsError(f"the source has no files matching {source['allow_patterns']}")
+        steps = plan_fetch(files, dest, description)
+    except WeightsError as error:
+        module.fail_json(msg=f"Cannot list the weights of {source['repo']}: {error}")
+
+    needed = sum(step.bytes_needed for step in steps)
+    free = disk_usage_free(dest)
+    report = {
+        "path": dest,
+        "files": [describe(step) for step in steps],
+        "total_bytes": sum(file.size for file in files),
+        "needed_bytes": needed,
+        "required_free_bytes": required_free_bytes(needed, params["margin"], reserve),
+        "free_bytes": free,
+    }
+    if getattr(origin, "commit", None):
+        report["commit"] = origin.commit
+    try:
+        check_space(needed, free, params["margin"], reserve, nearest_existing_directory(dest))
+    except WeightsError as error:
+        module.fail_json(msg=str(error), **report)
+    if params["state"] == "check" or module.check_mode:
+        module.exit_json(changed=params["state"] == "present" and needed > 0, **report)
+
+    progress = Progress(params["progress_file"], needed)
+    started = time.monotonic()
+    try:
+        fetch(origin, steps, dest, description, progress)
+    except (WeightsError, OSError) as error:
+        module.fail_json(msg=f"Fetching the weights into {dest} failed: {error}", fetched_bytes=progress.done, **report)
+    finally:
+        progress.remove()
+    elapsed = time.monotonic() - started
+    module.exit_json(
+        changed=needed > 0,
+        fetched_bytes=progress.done,
+        elapsed=round(elapsed, 3),
+        bytes_per_second=round(progress.done / elapsed) if elapsed > 0 else 0,
+        **report,
+    )
+
+
+if __name__ == "__main__":
+    main()

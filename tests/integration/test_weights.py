@@ -1,0 +1,212 @@
+"""Weights on a real host: the disk check before anything changes, a fleet mirror over HTTP, resume, verify.
+
+The mirror is nginx (autoindex, Range requests) inside the host, serving `tiny` that tiny_model wrote
+into /srv/mirror/llmops/tiny: the same files a real mirror would hold. A catalog entry of the user's
+names it as the hub repository llmops/tiny; vllm_weights_mirror sends the fetch to nginx. The hub
+itself is not reachable from these machines and is not tested here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from .conftest import SMALL_FS
+
+MIRROR_ROOT = "/srv/mirror"
+MIRROR_URL = "http://127.0.0.1:8088"
+REPO = "llmops/tiny"
+PORT = 8001
+ENTRY = f"""
+description: tiny, fetched from the fleet's mirror as if it were a hub repository
+source:
+  kind: hub
+  repo: {REPO}
+  revision: main
+served_name: tiny-mirror
+max_model_len: 2048
+max_num_seqs: 16
+"""
+# The slow mirror sends at 512 KiB/s: the 5.5 MiB of tiny then take long enough for the role to print
+# its progress.
+SLOW_MIRROR_URL = "http://127.0.0.1:8089"
+NGINX_SITE = f"""
+server {{
+    listen 127.0.0.1:8088;
+    root {MIRROR_ROOT};
+    autoindex on;
+}}
+server {{
+    listen 127.0.0.1:8089;
+    root {MIRROR_ROOT};
+    autoindex on;
+    limit_rate 512k;
+}}
+"""
+
+
+def remove_tiny_mirror(host):
+    """Leave the host as the `deployed` fixture made it: no tiny_mirror unit, weights or EnvironmentFile."""
+    host.sh(
+        "systemctl disable --now vllm-tiny_mirror.service 2>/dev/null;"
+        " rm -rf /etc/systemd/system/vllm-tiny_mirror.service /etc/vllm/tiny_mirror.env"
+        " /var/lib/vllm/models/tiny_mirror;"
+        " systemctl daemon-reload"
+    )
+
+
+@pytest.fixture(scope="module")
+def mirror(deployed):
+    """nginx on the host serving the tiny model under /srv/mirror/llmops/tiny; its files' SHA-256."""
+    host = deployed
+    host.sh(
+        "command -v nginx >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q nginx-light >/dev/null",
+        timeout=300,
+    )
+    host.sh(f"cat > /etc/nginx/sites-enabled/mirror <<'EOF'\n{NGINX_SITE}\nEOF\nsystemctl restart nginx")
+    generated = host.module(
+        "llmops.vllm.tiny_model",
+        path=f"{MIRROR_ROOT}/{REPO}",
+        python="/opt/vllm/venv/bin/python",
+    )
+    assert not generated.get("failed"), generated
+    listing = host.sh(
+        f"python3 -c 'import urllib.request as u; print(u.urlopen(\"{MIRROR_URL}/{REPO}/\").read().decode())'"
+    )
+    assert "model.safetensors" in listing.stdout
+    sums = host.sh(f"cd {MIRROR_ROOT}/{REPO} && sha256sum *").stdout
+    remove_tiny_mirror(host)
+    yield {name: digest for digest, name in (line.split() for line in sums.splitlines())}
+    remove_tiny_mirror(host)
+
+
+@pytest.fixture(scope="module")
+def catalog(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("catalog")
+    (directory / "tiny_mirror.yml").write_text(ENTRY)
+    return directory
+
+
+def deploy_args(catalog, *extra):
+    return (
+        "-e",
+        "model=tiny_mirror",
+        "-e",
+        json.dumps(
+            {
+                "vllm_catalog_paths": [str(catalog)],
+                "vllm_weights_mirror": SLOW_MIRROR_URL,
+                "vllm_weights_progress_interval": 1,
+                "vllm_server_port": PORT,
+            }
+        ),
+        *extra,
+    )
+
+
+def fetch_tiny(host, path, check_mode=False):
+    return host.module(
+        "llmops.vllm.model_weights",
+        check_mode=check_mode,
+        path=path,
+        source={"kind": "hub", "repo": REPO},
+        mirror=MIRROR_URL,
+        reserve="0",
+    )
+
+
+def test_weights_that_do_not_fit_fail_before_anything_is_written(deployed, mirror, catalog):
+    total = sum(int(size) for size in deployed.sh(f"stat -c %s {MIRROR_ROOT}/{REPO}/*").stdout.split())
+    free = int(deployed.sh(f"df --output=avail -B1 {SMALL_FS} | tail -1").stdout)
+    started = time.monotonic()
+    proc = deployed.playbook(
+        "playbooks/deploy.yml",
+        *deploy_args(catalog, "-e", f"vllm_weights_root={SMALL_FS}/models", "-e", "vllm_weights_reserve=0"),
+    )
+    elapsed = time.monotonic() - started
+    print(f"deploy.yml failed on the disk check after {elapsed:.1f} s")
+    assert proc.returncode != 0
+    output = " ".join(proc.stdout.split())  # the callback may wrap the message
+    message = re.search(r"not enough free space for the weights on .*?nothing was written\.", output)
+    assert message, proc.stdout[-4000:]
+    print(message.group(0))
+    assert f"on {SMALL_FS}: the download needs {total} bytes" in message.group(0)
+    assert f"but only {free} bytes" in message.group(0)
+    # Nothing was written, nothing installed, no unit made.
+    assert deployed.sh(f"ls -A {SMALL_FS}").stdout == ""
+    assert "vllm_install :" not in proc.stdout and "vllm_server :" not in proc.stdout
+    assert deployed.sh("test -e /etc/systemd/system/vllm-tiny_mirror.service", check=False).returncode == 1
+
+
+def test_deploy_loads_weights_from_the_http_mirror(deployed, mirror, catalog):
+    proc = deployed.playbook("playbooks/deploy.yml", *deploy_args(catalog))
+    assert proc.returncode == 0, f"{proc.stdout[-6000:]}\n{proc.stderr[-2000:]}"
+    try:
+        output = " ".join(proc.stdout.split())  # the callback may wrap the message
+        progress = re.findall(r"msg: ([\d.]+ % \(.*? of .*?\), \S+ \S+/s, [\w.]+, ETA (?:\d+ s|unknown))", output)
+        print("\n".join(progress))
+        assert progress and float(progress[-1].split()[0]) < 100
+        copied = deployed.sh("cd /var/lib/vllm/models/tiny_mirror && sha256sum *").stdout
+        assert {name: digest for digest, name in (line.split() for line in copied.splitlines())} == mirror
+        unit = deployed.sh("systemctl cat vllm-tiny_mirror.service").stdout
+        assert "/var/lib/vllm/models/tiny_mirror" in unit and "dummy" not in unit
+        assert "HF_HUB_OFFLINE" in deployed.sh("cat /etc/vllm/tiny_mirror.env").stdout
+
+        headers = {"Authorization": f"Bearer {deployed.api_key}"}
+        models = deployed.module("ansible.builtin.uri", url=f"http://127.0.0.1:{PORT}/v1/models", headers=headers)
+        assert [model["id"] for model in models["json"]["data"]] == ["tiny-mirror"]
+        completion = deployed.module(
+            "ansible.builtin.uri",
+            url=f"http://127.0.0.1:{PORT}/v1/completions",
+            method="POST",
+            headers=headers,
+            body_format="json",
+            body={"model": "tiny-mirror", "prompt": "The server loads", "max_tokens": 8, "ignore_eos": True},
+        )
+        assert not completion.get("failed"), completion
+        assert completion["json"]["usage"]["completion_tokens"] == 8
+
+        again = deployed.playbook("playbooks/deploy.yml", *deploy_args(catalog))
+        assert again.returncode == 0 and re.search(r"changed=0\b", again.stdout), again.stdout[-3000:]
+    finally:
+        remove_tiny_mirror(deployed)
+
+
+def test_interrupted_download_resumes_and_corruption_is_refetched(deployed, mirror):
+    path = "/var/tmp/weights-resume"
+    deployed.sh(f"rm -rf {path}")
+    first = fetch_tiny(deployed, path)
+    assert first["changed"] and first["fetched_bytes"] == first["total_bytes"] == first["needed_bytes"], first
+    print(f"mirror download: {first['total_bytes']} bytes at {first['bytes_per_second']} B/s")
+    size = next(file["size"] for file in first["files"] if file["path"] == "model.safetensors")
+
+    # An interrupted download leaves the first MiB: check mode plans the rest and writes nothing.
+    deployed.sh(f"truncate -s 1M {path}/model.safetensors")
+    planned = fetch_tiny(deployed, path, check_mode=True)
+    assert planned["changed"] and planned["needed_bytes"] == size - 2**20
+    assert deployed.sh(f"stat -c %s {path}/model.safetensors").stdout.strip() == str(2**20)
+    resumed = fetch_tiny(deployed, path)
+    step = next(file for file in resumed["files"] if file["path"] == "model.safetensors")
+    assert (step["action"], step["offset"]) == ("resume", 2**20)
+    assert resumed["fetched_bytes"] == size - 2**20
+
+    # Same size, other bytes: only the hash shows it.
+    deployed.sh(f"printf 'XXXXXXXX' | dd of={path}/model.safetensors bs=1 seek=4096 conv=notrunc status=none")
+    repaired = fetch_tiny(deployed, path)
+    step = next(file for file in repaired["files"] if file["path"] == "model.safetensors")
+    assert (step["action"], step["reason"]) == ("fetch", "corrupt: SHA-256 differs")
+    assert repaired["fetched_bytes"] == size
+
+    # Longer than the source: the size shows it.
+    deployed.sh(f"printf 'tail' >> {path}/config.json")
+    repaired = fetch_tiny(deployed, path)
+    step = next(file for file in repaired["files"] if file["path"] == "config.json")
+    assert step["action"] == "fetch" and step["reason"].startswith("corrupt:")
+
+    copied = deployed.sh(f"cd {path} && sha256sum *").stdout
+    assert {name: digest for digest, name in (line.split() for line in copied.splitlines())} == mirror
+    settled = fetch_tiny(deployed, path)
+    assert not settled["changed"] and settled["fetched_bytes"] == 0
