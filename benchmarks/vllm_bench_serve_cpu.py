@@ -32,7 +32,7 @@ FIELDS = (
 def api_key_from(env_text):
     """VLLM_API_KEY of a systemd EnvironmentFile (values may be quoted), or None."""
     for line in env_text.splitlines():
-        name, _, value = line.strip().partition("=")
+        name, _equals, value = line.strip().partition("=")
         if name == "VLLM_API_KEY":
             return shlex.split(value)[0] if value else None
     return None
@@ -42,7 +42,7 @@ def main():
     separator = sys.argv.index("--")
     env_file, levels, bench_args = sys.argv[1], sys.argv[2:separator], sys.argv[separator + 1 :]
     # vLLM is imported here, not at the top, so that the controller can import api_key_from without it.
-    import vllm.benchmarks.serve as serve  # pylint: disable=import-outside-toplevel
+    from vllm.benchmarks import serve  # pylint: disable=import-outside-toplevel
     from vllm.entrypoints.cli.main import main as vllm_main  # pylint: disable=import-outside-toplevel
 
     with open(env_file, encoding="utf-8") as handle:

@@ -126,7 +126,7 @@ class HTTPResponseParser:
             self.status = int(parts[1])
             self.reason = parts[2] if len(parts) > 2 else ""
             for line in header_lines:
-                name, _, value = line.partition(":")
+                name, _colon, value = line.partition(":")
                 self.headers[name.strip().lower()] = value.strip()
             self.keep_alive = self.headers.get("connection", "").lower() != "close"
             if "chunked" in self.headers.get("transfer-encoding", "").lower():
@@ -344,15 +344,15 @@ def random_token_prompts(tokenizer, count: int, input_len: int, seed: int) -> li
     vocabulary = [token_id for token_id in range(tokenizer.get_vocab_size()) if token_id not in special]
     rng = random.Random(seed)
     prompts = []
-    for _ in range(count):
-        ids = [rng.choice(vocabulary) for _ in range(input_len)]
+    for _prompt in range(count):
+        ids = [rng.choice(vocabulary) for _position in range(input_len)]
         text = tokenizer.decode(ids)
         # Decoding and encoding again may merge or split tokens: trim or pad until the length holds.
-        for _ in range(10):
+        for _attempt in range(10):
             ids = tokenizer.encode(text, add_special_tokens=False).ids
             if len(ids) == input_len:
                 break
-            ids = ids[:input_len] + [rng.choice(vocabulary) for _ in range(input_len - len(ids))]
+            ids = ids[:input_len] + [rng.choice(vocabulary) for _position in range(input_len - len(ids))]
             text = tokenizer.decode(ids)
         prompts.append(text)
     return prompts
@@ -475,7 +475,7 @@ class _Connection(asyncio.Protocol):
 
 async def _open(target: Target) -> _Connection:
     loop = asyncio.get_running_loop()
-    _, connection = await loop.create_connection(
+    _transport, connection = await loop.create_connection(
         _Connection,
         target.host,
         target.port,
@@ -535,7 +535,7 @@ async def _drive(target, prompts, concurrency, timeout, duration):
     results = []
     started = time.perf_counter()
     feed = PromptFeed(prompts, started + duration if duration else None)
-    await asyncio.gather(*(_worker(target, feed, results, timeout) for _ in range(concurrency)))
+    await asyncio.gather(*(_worker(target, feed, results, timeout) for _connection in range(concurrency)))
     return results, time.perf_counter() - started
 
 

@@ -64,11 +64,11 @@ def host_markdown(host: str, result: dict) -> str:
         f" {summary['input_len']} in / {summary['output_len']} out,"
         f" {summary['prompt_source']} prompts)",
         "",
-        "| " + " | ".join(header for header, _, _ in MARKDOWN_COLUMNS) + " |",
-        "|" + "|".join("---:" for _ in MARKDOWN_COLUMNS) + "|",
+        "| " + " | ".join(column[0] for column in MARKDOWN_COLUMNS) + " |",
+        "|" + "|".join(["---:"] * len(MARKDOWN_COLUMNS)) + "|",
     ]
     for level in result["levels"]:
-        lines.append("| " + " | ".join(cell(level, field, fmt) for _, field, fmt in MARKDOWN_COLUMNS) + " |")
+        lines.append("| " + " | ".join(cell(level, field, fmt) for _header, field, fmt in MARKDOWN_COLUMNS) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -77,7 +77,7 @@ def fleet_markdown(results: dict) -> str:
     levels = sorted({level["max_concurrency"] for result in results.values() for level in result["levels"]})
     lines = [
         "| host | " + " | ".join(f"C={concurrency}" for concurrency in levels) + " |",
-        "|---|" + "|".join("---:" for _ in levels) + "|",
+        "|---|" + "|".join(["---:"] * len(levels)) + "|",
     ]
     for host, result in sorted(results.items()):
         by_concurrency = {level["max_concurrency"]: level for level in result["levels"]}

@@ -216,7 +216,7 @@ summary:
     failed: 0
 prompt_source:
   description:
-    - C(tokenizer) (random token prompts) or C(fixed) (the fixed text: no tokenizers package or no tokenizer file).
+    - C(tokenizer) (random token prompts) or C(fixed) (the fixed text, for want of tokenizers or of the file).
   returned: unless in check mode
   type: str
   sample: tokenizer

@@ -166,7 +166,7 @@ def test_statistics_agree_with_numpy(values):
 def test_statistics_agree_with_numpy_on_random_samples():
     rng = random.Random(3)
     for size in (2, 17, 1000):
-        values = [rng.expovariate(10) for _ in range(size)]
+        values = [rng.expovariate(10) for _sample in range(size)]
         for p in (50, 90, 99):
             assert percentile(values, p) == pytest.approx(numpy.percentile(values, p))
 
@@ -313,23 +313,23 @@ def test_a_level_sends_every_prompt_once_over_keep_alive_connections(server):
     target = Target.build(server, "completions", "tiny", 5)
     prompts = [(f"p{i}", 3) for i in range(12)]
     results, duration, cpu = run_level(target, prompts, concurrency=3, timeout=10)
-    assert sorted(prompt for _, prompt in StreamingHandler.seen) == sorted(p for p, _ in prompts)
-    assert len({port for port, _ in StreamingHandler.seen}) == 3  # one connection per concurrent stream
+    assert sorted(prompt for _port, prompt in StreamingHandler.seen) == sorted(p for p, _tokens in prompts)
+    assert len({port for port, _prompt in StreamingHandler.seen}) == 3  # one connection per concurrent stream
     assert all(r.success and r.output_tokens == 5 and len(r.itl) == 4 for r in results)
     assert duration > 0 and cpu > 0
 
 
 def test_failures_are_results_not_exceptions(server):
     wrong_model = Target.build(server, "completions", "other", 5)
-    results, _, _ = run_level(wrong_model, [("p", 0)] * 4, concurrency=2, timeout=10)
+    results = run_level(wrong_model, [("p", 0)] * 4, concurrency=2, timeout=10)[0]
     assert [r.error for r in results] == ['HTTP 404 Not Found: {"error": "no such model"}'] * 4
     closed_port = Target.build("http://127.0.0.1:9", "completions", "tiny", 5)
-    results, _, _ = run_level(closed_port, [("p", 0)] * 2, concurrency=1, timeout=10)
+    results = run_level(closed_port, [("p", 0)] * 2, concurrency=1, timeout=10)[0]
     assert len(results) == 2 and all(not r.success and "ConnectionRefusedError" in r.error for r in results)
 
 
 def test_a_duration_bounds_the_level_instead_of_the_prompt_count(server):
     target = Target.build(server, "completions", "tiny", 2)
-    results, duration, _ = run_level(target, [("a", 0), ("b", 0)], concurrency=2, timeout=10, duration=0.3)
+    results, duration, _cpu = run_level(target, [("a", 0), ("b", 0)], concurrency=2, timeout=10, duration=0.3)
     assert len(results) > 2 and all(r.success for r in results)
     assert duration >= 0.3
