@@ -130,35 +130,31 @@ def main():
                 )
 
     print(f"\nmedians of {args.rounds} rounds, random {args.input_len} in / {args.output_len} out, ignore_eos")
+    print("paired: the median over rounds of each round's own difference (the two runs of a round are back to back)")
     header = (
-        f"{'C':>3} | {'out tok/s vllm':>14} | {'vllm_bench':>10} | {'diff':>6}"
-        f" | {'med TTFT ms vllm':>16} | {'vllm_bench':>10}"
-        f" | {'diff':>6} | {'CPU s/1k tok vllm':>17} | {'vllm_bench':>10}"
+        f"{'C':>3} | {'out tok/s vllm':>14} | {'vllm_bench':>10} | {'diff':>6} | {'paired':>6}"
+        f" | {'med TTFT ms vllm':>16} | {'vllm_bench':>10} | {'diff':>6} | {'paired':>6}"
+        f" | {'CPU s/1k tok vllm':>17} | {'vllm_bench':>10}"
     )
     print(header)
     print("-" * len(header))
     for level in args.levels:
         concurrency = int(level.split(":")[0])
-
-        def median(client, field, concurrency=concurrency):
-            return statistics.median(run[field] for run in runs[client][concurrency])
-
-        def cpu_per_1k(client, concurrency=concurrency):
-            return statistics.median(
-                run["client_cpu_seconds"] / run["total_output_tokens"] * 1000 for run in runs[client][concurrency]
+        theirs, ours = runs["vllm bench serve"][concurrency], runs["vllm_bench"][concurrency]
+        cells = []
+        for field in ("output_throughput", "median_ttft_ms"):
+            theirs_median = statistics.median(run[field] for run in theirs)
+            ours_median = statistics.median(run[field] for run in ours)
+            paired = statistics.median(diff_percent(o[field], t[field]) for o, t in zip(ours, theirs, strict=True))
+            cells.append(
+                f"{theirs_median:>{14 if field == 'output_throughput' else 16}.2f} | {ours_median:>10.2f}"
+                f" | {diff_percent(ours_median, theirs_median):>+5.1f}% | {paired:>+5.1f}%"
             )
-
-        theirs_tput, ours_tput = (
-            median("vllm bench serve", "output_throughput"),
-            median("vllm_bench", "output_throughput"),
-        )
-        theirs_ttft, ours_ttft = median("vllm bench serve", "median_ttft_ms"), median("vllm_bench", "median_ttft_ms")
-        print(
-            f"{concurrency:>3} | {theirs_tput:>14.1f} | {ours_tput:>10.1f}"
-            f" | {diff_percent(ours_tput, theirs_tput):>+5.1f}%"
-            f" | {theirs_ttft:>16.2f} | {ours_ttft:>10.2f} | {diff_percent(ours_ttft, theirs_ttft):>+5.1f}%"
-            f" | {cpu_per_1k('vllm bench serve'):>17.4f} | {cpu_per_1k('vllm_bench'):>10.4f}"
-        )
+        cpu = [
+            statistics.median(run["client_cpu_seconds"] / run["total_output_tokens"] * 1000 for run in client_runs)
+            for client_runs in (theirs, ours)
+        ]
+        print(f"{concurrency:>3} | " + " | ".join(cells) + f" | {cpu[0]:>17.4f} | {cpu[1]:>10.4f}")
 
 
 if __name__ == "__main__":

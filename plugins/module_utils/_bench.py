@@ -113,6 +113,7 @@ class HTTPResponseParser:
         self._length = None
         self.complete = False
         self.keep_alive = True
+        self.ends_at_close = False
 
     def feed(self, data: bytes, now: float) -> None:
         if self.status is None:
@@ -134,7 +135,8 @@ class HTTPResponseParser:
             elif "content-length" in self.headers:
                 self._length = int(self.headers["content-length"])
             else:
-                self.keep_alive = False  # the body ends when the server closes
+                self.keep_alive = False
+                self.ends_at_close = True
         if self._chunked is not None:
             body = self._chunked.feed(data)
             if body:
@@ -316,6 +318,11 @@ def regressions(levels: list, baseline_levels: list, metrics: list, max_percent:
                     "regressed": worse > max_percent,
                 }
             )
+    if not comparisons:
+        raise BenchError(
+            f"the baseline has none of the levels {[level['max_concurrency'] for level in levels]}"
+            f" (it has {sorted(baseline_by_concurrency)})"
+        )
     return comparisons, [c for c in comparisons if c["regressed"]]
 
 
@@ -444,7 +451,12 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc):
         self.closed = True
-        if self._parser is not None and not self._parser.complete:
+        if self._parser is None or self._parser.complete:
+            return
+        if exc is None and self._parser.ends_at_close:
+            self._parser.complete = True
+            self._settle(None)
+        else:
             self._settle(exc or ConnectionError("the server closed the connection before the response ended"))
 
     def _settle(self, error):
@@ -469,6 +481,8 @@ class _Connection(asyncio.Protocol):
         self.transport.write(request)
         await self._waiter
         if not self._parser.keep_alive:
+            # Closed now, not when connection_lost runs later: the worker's next request needs a new connection.
+            self.closed = True
             self.transport.close()
         return stream.finish(self._parser.status, self._parser.reason)
 

@@ -222,6 +222,12 @@ def test_regressions_know_which_way_is_better():
     ]
 
 
+def test_a_baseline_without_the_levels_is_an_error():
+    with pytest.raises(BenchError, match=r"the baseline has none of the levels \[4\] \(it has \[1, 8\]\)"):
+        baseline = [{"max_concurrency": 1}, {"max_concurrency": 8}]
+        regressions([{"max_concurrency": 4}], baseline, ["output_throughput"], 5)
+
+
 def test_an_unknown_regression_metric_is_an_error():
     with pytest.raises(BenchError, match="p95_ttft_ms is missing"):
         regressions([{"max_concurrency": 1}], [{"max_concurrency": 1}], ["p95_ttft_ms"], 5)
@@ -326,6 +332,32 @@ def test_failures_are_results_not_exceptions(server):
     closed_port = Target.build("http://127.0.0.1:9", "completions", "tiny", 5)
     results = run_level(closed_port, [("p", 0)] * 2, concurrency=1, timeout=10)[0]
     assert len(results) == 2 and all(not r.success and "ConnectionRefusedError" in r.error for r in results)
+
+
+class ClosingHandler(StreamingHandler):
+    """Answers with Connection: close, and one response with no length at all: its body ends at the close."""
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        StreamingHandler.seen.append((self.client_address[1], body["prompt"]))
+        self.send_response(200)
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(sse(text_chunk("x"), text_chunk("y"), USAGE, "[DONE]"))
+        self.close_connection = True
+
+
+def test_connection_close_and_bodies_that_end_at_the_close():
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), ClosingHandler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    StreamingHandler.seen = []
+    try:
+        target = Target.build(f"http://127.0.0.1:{httpd.server_address[1]}", "completions", "tiny", 3)
+        results = run_level(target, [(f"p{i}", 0) for i in range(4)], concurrency=2, timeout=10)[0]
+    finally:
+        httpd.shutdown()
+    assert [(r.success, r.output_tokens) for r in results] == [(True, 3)] * 4
+    assert len({port for port, _prompt in StreamingHandler.seen}) == 4  # a new connection for every request
 
 
 def test_a_duration_bounds_the_level_instead_of_the_prompt_count(server):
