@@ -44,6 +44,14 @@ def test_a_sweep_measures_every_level_with_vllm_field_names(sweep):
     assert sweep["ansible_facts"]["vllm_bench"]["levels"] == levels
 
 
+def test_the_chat_endpoint_is_measured_the_same_way(deployed):
+    result = bench(deployed, endpoint="chat", concurrency=[2])
+    assert not result.get("failed"), result.get("msg")
+    level = result["levels"][0]
+    assert (level["completed"], level["total_output_tokens"]) == (6, 6 * WORKLOAD["output_len"])
+    assert 0 < level["median_ttft_ms"] <= level["median_e2el_ms"]
+
+
 def test_a_wrong_api_key_counts_failed_requests_and_fails_with_the_server_answer(deployed):
     result = bench(deployed, api_key="wrong", concurrency=[2])
     assert result["failed"]
