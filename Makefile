@@ -49,8 +49,10 @@ deploy: venv local-host ## Deploy MODEL (default tiny) to the local host
 	ansible-playbook playbooks/deploy.yml -e model=$(MODEL)
 
 .PHONY: demo
-demo: deploy ## Set up, deploy the tiny model, and stream a completion from it
+demo: deploy ## Set up, deploy the tiny model, stream a completion, end with a short benchmark table
 	$(BIN)/python scripts/stream-completion.py $(ENDPOINT) $(MODEL)
+	ansible-playbook playbooks/bench.yml -e model=$(MODEL) -e '{"vllm_bench_concurrency": [1, 4, 16]}' \
+	  -e vllm_bench_num_requests=16 -e vllm_bench_output_len=64
 
 .PHONY: lint
 lint: venv ## ruff, ansible-lint (production profile)
