@@ -22,6 +22,8 @@ LOCAL_HOST = ROOT / "scripts" / "local-host.sh"
 API_KEY = "integration-api-key-9d2e"
 ENDPOINT = "http://127.0.0.1:8000"
 SMALL_FS = "/srv/small"
+# The longest a module may take here: a start of tiny plus a stop, with room for a loaded CI runner.
+MODULE_TIMEOUT = 900
 
 
 @dataclass
@@ -44,18 +46,24 @@ class LocalHost:
             raise AssertionError(f"{script!r} failed with rc {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
         return proc
 
-    def module(self, name: str, check_mode: bool = False, timeout: float = 900, python: str = "", **args) -> dict:
+    def spawn(self, script: str) -> None:
+        """Start a bash script on the host in the background (podman exec --detach) and return at once."""
+        subprocess.run(["podman", "exec", "--detach", self.name, "bash", "-c", script], check=True, timeout=60)
+
+    def module(self, module_name: str, /, *, check_mode: bool = False, python: str = "", **args) -> dict:
         """Run one module on the host through Ansible and return its result (with `failed` on failure).
 
         `python` runs it with another interpreter on the host (the vLLM venv's, for tiny_model).
         """
-        command = ["ansible", self.name, "-i", str(self.inventory), "-m", name, "-a", json.dumps(args)]
+        command = ["ansible", self.name, "-i", str(self.inventory), "-m", module_name, "-a", json.dumps(args)]
         if check_mode:
             command.append("--check")
         if python:
             command += ["-e", f"ansible_python_interpreter={python}"]
         env = {**os.environ, "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1", "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json"}
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT, check=False)
+        proc = subprocess.run(
+            command, capture_output=True, text=True, timeout=MODULE_TIMEOUT, env=env, cwd=ROOT, check=False
+        )
         try:
             report = json.loads(proc.stdout)
             return report["plays"][0]["tasks"][0]["hosts"][self.name]

@@ -1,0 +1,215 @@
+# Copyright: llmops.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A systemd unit as systemctl and the cgroup filesystem show it, and the few commands sent to it.
+
+Parsers are pure functions; `Unit` runs systemctl and journalctl through a runner with the signature of
+AnsibleModule.run_command (argument list in, `(rc, stdout, stderr)` out).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+SHOW_PROPERTIES = (
+    "LoadState",
+    "ActiveState",
+    "SubState",
+    "Result",
+    "MainPID",
+    "ExecMainPID",
+    "ExecMainCode",
+    "ExecMainStatus",
+    "ExecMainStartTimestampMonotonic",
+    "NeedDaemonReload",
+    "ControlGroup",
+    "ExecStart",
+    "InvocationID",
+    "DropInPaths",
+)
+# Where drop-ins of a unit may lie (NAME.d/*.conf), in systemd's order of precedence.
+UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/usr/local/lib/systemd/system", "/usr/lib/systemd/system")
+# Where systemd's hierarchy is mounted: cgroup v2, the v2 tree of a hybrid host, cgroup v1.
+CGROUP_ROOTS = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd", "/sys/fs/cgroup")
+# ExecMainCode is a waitid() si_code: how the main process ended.
+EXIT_CODES = {"1": "exited", "2": "killed", "3": "dumped"}
+STOPPED_STATES = ("inactive", "failed")
+ERROR_LINE = re.compile(r"Error|error:|Traceback|Killed|out of memory|OOM|CUDA", re.IGNORECASE)
+
+
+class UnitError(Exception):
+    """A systemctl command failed."""
+
+
+@dataclass(frozen=True)
+class UnitState:
+    name: str
+    load_state: str
+    active_state: str
+    sub_state: str
+    result: str
+    main_pid: int
+    last_main_pid: int  # ExecMainPID: kept after the main process exits, until the next start
+    main_started_us: int  # CLOCK_MONOTONIC microseconds of the last main process's start
+    exit_code: str
+    exit_status: int
+    needs_daemon_reload: bool
+    control_group: str
+    exec_start: str
+    invocation_id: str
+    drop_in_paths: tuple[str, ...] = ()
+
+    @property
+    def exists(self) -> bool:
+        return self.load_state not in ("not-found", "")
+
+    @property
+    def stopped(self) -> bool:
+        return self.active_state in STOPPED_STATES
+
+    @property
+    def crashed(self) -> bool:
+        """Failed, or waiting to restart after its main process died: a start has failed."""
+        return self.active_state == "failed" or self.sub_state == "auto-restart"
+
+    def outcome(self) -> str:
+        """How the last main process ended, in systemd's words: `result exit-code, status=1/exited`."""
+        how = EXIT_CODES.get(self.exit_code, self.exit_code or "unknown")
+        return f"result {self.result}, main process {how} with status {self.exit_status}"
+
+    def as_dict(self) -> dict:
+        return {"active_state": self.active_state, "sub_state": self.sub_state, "result": self.result}
+
+
+def parse_show(name: str, text: str) -> UnitState:
+    """`systemctl show -p ...` output (KEY=value lines) as a UnitState."""
+    values = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+    def number(key):
+        try:
+            return int(values.get(key) or 0)
+        except ValueError:
+            return 0
+
+    return UnitState(
+        name=name,
+        load_state=values.get("LoadState", ""),
+        active_state=values.get("ActiveState", ""),
+        sub_state=values.get("SubState", ""),
+        result=values.get("Result", ""),
+        main_pid=number("MainPID"),
+        last_main_pid=number("ExecMainPID"),
+        main_started_us=number("ExecMainStartTimestampMonotonic"),
+        exit_code=values.get("ExecMainCode", ""),
+        exit_status=number("ExecMainStatus"),
+        needs_daemon_reload=values.get("NeedDaemonReload") == "yes",
+        control_group=values.get("ControlGroup", ""),
+        exec_start=values.get("ExecStart", ""),
+        invocation_id=values.get("InvocationID", ""),
+        drop_in_paths=tuple(values.get("DropInPaths", "").split()),
+    )
+
+
+def drop_ins_on_disk(name: str, unit_dirs: tuple[str, ...] = UNIT_DIRS) -> tuple[str, ...]:
+    """The drop-in files of a unit as they are on disk now."""
+    found = []
+    for directory in unit_dirs:
+        drop_in_dir = os.path.join(directory, name + ".d")
+        if os.path.isdir(drop_in_dir):
+            found += [os.path.join(drop_in_dir, entry) for entry in os.listdir(drop_in_dir) if entry.endswith(".conf")]
+    return tuple(sorted(found))
+
+
+def needs_daemon_reload(state: UnitState, unit_dirs: tuple[str, ...] = UNIT_DIRS) -> bool:
+    """Whether systemd's loaded idea of the unit is stale: its files changed, or drop-ins came or went.
+
+    systemd 252 sets NeedDaemonReload only for files it already knows, not for a drop-in added since.
+    """
+    return state.needs_daemon_reload or drop_ins_on_disk(state.name, unit_dirs) != tuple(sorted(state.drop_in_paths))
+
+
+def exec_start_argv(exec_start: str) -> list[str]:
+    """The argv of the first ExecStart= command from systemctl show's `{ path=... ; argv[]=... ; ... }`."""
+    found = re.search(r"argv\[\]=(.*?) ; ", exec_start)
+    return found.group(1).split() if found else []
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    """The value of `--flag VALUE` or `--flag=VALUE` in an argument list; the last one wins, as in argparse."""
+    value = None
+    for position, arg in enumerate(argv):
+        if arg == flag and position + 1 < len(argv):
+            value = argv[position + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def cgroup_pids(control_group: str, roots: tuple[str, ...] = CGROUP_ROOTS) -> list[int]:
+    """PIDs in a unit's cgroup and its sub-cgroups; [] when the cgroup is gone (systemd removes it when empty)."""
+    if not control_group:
+        return []
+    for root in roots:
+        top = root + control_group
+        if os.path.isdir(top):
+            pids = set()
+            for directory, _dirs, files in os.walk(top):
+                if "cgroup.procs" in files:
+                    try:
+                        with open(os.path.join(directory, "cgroup.procs")) as procs:
+                            pids.update(int(pid) for pid in procs.read().split())
+                    except FileNotFoundError:  # removed while walking
+                        continue
+            return sorted(pids)
+    return []
+
+
+def error_lines(lines: list[str], limit: int = 12) -> list[str]:
+    """The distinct lines that look like errors, oldest first: the first of them is usually the cause."""
+    seen, found = set(), []
+    for line in lines:
+        if ERROR_LINE.search(line) and line not in seen:
+            seen.add(line)
+            found.append(line)
+    return found[:limit]
+
+
+class Unit:
+    """systemctl and journalctl for one unit."""
+
+    def __init__(self, name: str, run_command):
+        self.name = name
+        self._run = run_command
+
+    def _systemctl(self, *args: str) -> str:
+        rc, out, err = self._run(["systemctl", *args])
+        if rc != 0:
+            raise UnitError(f"systemctl {' '.join(args)} failed (rc {rc}): {(err or out).strip()}")
+        return out
+
+    def state(self) -> UnitState:
+        return parse_show(self.name, self._systemctl("show", self.name, "-p", ",".join(SHOW_PROPERTIES)))
+
+    def daemon_reload(self):
+        self._systemctl("daemon-reload")
+
+    def reset_failed(self):
+        self._systemctl("reset-failed", self.name)
+
+    def start(self):
+        # --no-block: the module watches the start itself, so that a crash fails it at once.
+        self._systemctl("start", "--no-block", self.name)
+
+    def stop(self):
+        self._systemctl("stop", "--no-block", self.name)
+
+    def journal(self, invocation_id: str, lines: int) -> list[str]:
+        """The journal lines of one run of the unit: its processes' output and systemd's lines about it.
+
+        Only that run's lines: the shutdown messages of the run before a restart are not the failure.
+        """
+        matches = [f"_SYSTEMD_INVOCATION_ID={invocation_id}", "+", f"INVOCATION_ID={invocation_id}"]
+        command = ["journalctl", *matches, "--lines", str(lines), "--no-pager", "--output", "cat"]
+        rc, out, _err = self._run(command)
+        return out.splitlines() if rc == 0 else []

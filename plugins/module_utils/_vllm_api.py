@@ -1,0 +1,80 @@
+# Copyright: llmops.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What a vLLM server says over HTTP: health, the served models, its Prometheus metrics. Stdlib only."""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+
+# Requests that the engine holds: running ones and queued ones.
+REQUESTS_RUNNING = "vllm:num_requests_running"
+REQUESTS_WAITING = "vllm:num_requests_waiting"
+KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
+# A metric sample line: name, optional {labels}, value (the optional timestamp is ignored).
+METRIC_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)")
+# The server is reached directly, never through a proxy from the environment.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@dataclass
+class Reply:
+    status: int | None  # None when no HTTP answer came (refused, timed out)
+    body: str
+    error: str | None = None
+
+    def describe(self) -> str:
+        return f"HTTP {self.status}" if self.status is not None else self.error or "no answer"
+
+
+def check_base_url(url: str) -> str:
+    """The server's base URL without a trailing slash; raise ValueError for anything else."""
+    parsed = urllib.parse.urlsplit(url or "")
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"url must be the server's base URL such as http://127.0.0.1:8000, got {url!r}")
+    if parsed.path.rstrip("/") not in ("", "/v1") or parsed.query or parsed.fragment:
+        raise ValueError(f"url must be the server's base URL without a path beyond /v1, got {url!r}")
+    return f"{parsed.scheme}://{parsed.netloc}"
+
+
+def get(base_url: str, path: str, api_key: str | None = None, timeout: float = 5.0) -> Reply:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    request = urllib.request.Request(base_url + path, headers=headers)
+    try:
+        with _OPENER.open(request, timeout=timeout) as response:
+            return Reply(response.status, response.read().decode("utf-8", "replace"))
+    except urllib.error.HTTPError as error:
+        return Reply(error.code, error.read().decode("utf-8", "replace"))
+    except (OSError, ValueError) as error:  # refused, reset, timed out, or a half-written reply
+        return Reply(None, "", error=str(getattr(error, "reason", None) or error))
+
+
+def served_models(body: str) -> list[str]:
+    """The model IDs of a /v1/models reply; [] when the reply is not the expected JSON."""
+    try:
+        return [model["id"] for model in json.loads(body)["data"]]
+    except (ValueError, KeyError, TypeError):
+        return []
+
+
+def metric_total(metrics_text: str, name: str) -> float | None:
+    """The sum of a metric over all its label sets (engines, models), or None when absent."""
+    total = None
+    for line in metrics_text.splitlines():
+        sample = METRIC_SAMPLE.match(line)
+        if sample and sample.group(1) == name:
+            total = (total or 0.0) + float(sample.group(2))
+    return total
+
+
+def requests_in_engine(base_url: str, timeout: float = 5.0) -> int | None:
+    """Running plus waiting requests from /metrics (open without the API key), or None when unreadable."""
+    reply = get(base_url, "/metrics", timeout=timeout)
+    if reply.status != 200:
+        return None
+    counts = [metric_total(reply.body, name) for name in (REQUESTS_RUNNING, REQUESTS_WAITING)]
+    return None if counts[0] is None else int(sum(count or 0 for count in counts))

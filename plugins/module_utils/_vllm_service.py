@@ -1,0 +1,268 @@
+# Copyright: llmops.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The lifecycle of one vLLM unit: start and wait until it serves, stop in bounded steps, find orphans.
+
+Every step is bounded by the module's own timeouts, never by systemd's TimeoutStartSec/TimeoutStopSec,
+and each returns what it observed with its duration, so a play shows where the time went.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+from ansible_collections.llmops.vllm.plugins.module_utils._processes import (
+    list_processes,
+    read_process,
+    terminate,
+)
+from ansible_collections.llmops.vllm.plugins.module_utils._unit import (
+    Unit,
+    UnitState,
+    cgroup_pids,
+    error_lines,
+    exec_start_argv,
+    flag_value,
+)
+from ansible_collections.llmops.vllm.plugins.module_utils._vllm_api import get, requests_in_engine, served_models
+from ansible_collections.llmops.vllm.plugins.module_utils._wait import WaitAborted, wait_for
+
+# Seconds between polls of a stopping unit: stops take seconds, and each poll is one systemctl call.
+STOP_POLL_INTERVAL = 0.2
+# journald reads a service's output asynchronously: the last lines of a crash may arrive after systemd
+# has recorded the exit. Seconds to wait for them.
+JOURNAL_CATCH_UP = 3.0
+# A process whose start is this close to the main process's start may have been forked by it.
+START_SLACK_SECONDS = 2.0
+
+
+class ServiceError(Exception):
+    """The lifecycle step failed; `details` goes into the module's failure result."""
+
+    def __init__(self, message: str, **details):
+        super().__init__(message)
+        self.details = details
+
+
+@dataclass
+class Settings:
+    url: str
+    served_name: str | None = None
+    api_key: str | None = None
+    load_timeout: float = 600.0
+    stop_timeout: float = 30.0
+    drain_timeout: float | None = None  # None: the server's own --shutdown-timeout
+    kill_timeout: float = 10.0
+    kill_orphans: bool = False
+    orphan_grace: float = 5.0
+    poll_interval: float = 1.0
+    journal_lines: int = 40
+
+
+def server_drain_timeout(state: UnitState) -> float:
+    """vLLM's --shutdown-timeout from the unit's command line: how long the server itself drains."""
+    value = flag_value(exec_start_argv(state.exec_start), "--shutdown-timeout")
+    try:
+        return max(0.0, float(value)) if value is not None else 0.0
+    except ValueError:
+        return 0.0
+
+
+class Lifecycle:
+    def __init__(self, unit: Unit, settings: Settings, proc: str = "/proc"):
+        self.unit = unit
+        self.settings = settings
+        self.proc = proc
+
+    # ---- readiness -------------------------------------------------------------------------------------
+
+    def readiness(self) -> tuple[bool, dict]:
+        """(ready, what was seen): /health is 200 and /v1/models lists the served name."""
+        url, name = self.settings.url, self.settings.served_name
+        health = get(url, "/health")
+        if health.status != 200:
+            return False, {"health": health.describe()}
+        models = get(url, "/v1/models", self.settings.api_key)
+        if models.status in (401, 403):
+            raise WaitAborted(f"the server refuses the API key on /v1/models ({models.describe()}): check api_key")
+        listed = served_models(models.body)
+        if models.status == 200 and name not in listed:
+            raise WaitAborted(f"the server at {url} serves {listed}, not {name!r}: check served_name")
+        return models.status == 200, {"health": health.describe(), "models": listed or models.describe()}
+
+    def wait_ready(self) -> dict:
+        """Wait for readiness of a unit that is already running (started by someone else, still loading)."""
+        result = wait_for(self._ready_while_running, self.settings.load_timeout, self.settings.poll_interval)
+        if not result.ok:
+            self._fail_start(result)
+        return {"load": round(result.elapsed, 3), "elapsed": round(result.elapsed, 3)}
+
+    def _ready_while_running(self):
+        state = self.unit.state()
+        if state.crashed or state.stopped:
+            raise WaitAborted(f"{self.unit.name} stopped while loading: {state.outcome()}", state.as_dict())
+        return self.readiness()
+
+    # ---- start -----------------------------------------------------------------------------------------
+
+    def start(self, before: UnitState) -> dict:
+        started = time.monotonic()
+        # A deliberate start is a new attempt: StartLimitBurst counts every start, and is there to stop
+        # automatic restarts of a crashing server, not an operator's (or a test's) third restart in a row.
+        self.unit.reset_failed()
+        self.unit.start()
+        active_after = []
+
+        def check():
+            state = self.unit.state()
+            new_run_ended = state.stopped and state.invocation_id != before.invocation_id
+            if state.crashed or new_run_ended:
+                raise WaitAborted(f"{self.unit.name} failed while loading: {state.outcome()}", state.as_dict())
+            if state.active_state != "active":
+                return False, state.as_dict()
+            if not active_after:
+                active_after.append(time.monotonic() - started)
+            return self.readiness()
+
+        result = wait_for(check, self.settings.load_timeout, self.settings.poll_interval)
+        if not result.ok:
+            self._fail_start(result)
+        elapsed = time.monotonic() - started
+        systemd_start = active_after[0] if active_after else elapsed
+        return {
+            "systemd_start": round(systemd_start, 3),
+            "load": round(elapsed - systemd_start, 3),
+            "elapsed": round(elapsed, 3),
+        }
+
+    def _fail_start(self, result):
+        invocation = self.unit.state().invocation_id
+
+        def journal_has_errors():
+            journal = self.unit.journal(invocation, self.settings.journal_lines)
+            return bool(error_lines(journal)), journal
+
+        journal = wait_for(journal_has_errors, JOURNAL_CATCH_UP, interval=0.5).observed
+        reason = result.aborted or (
+            f"{self.unit.name} was not serving {self.settings.served_name!r} at {self.settings.url} "
+            f"after {self.settings.load_timeout:g} s (load_timeout); last seen: {result.observed}"
+        )
+        errors = error_lines(journal)
+        message = [reason]
+        if errors:
+            message += ["Errors in its journal (the first is usually the cause):", *errors]
+        message += ["Last lines of its journal:", *journal[-10:]]
+        raise ServiceError(
+            "\n".join(message), elapsed=round(result.elapsed, 3), observed=result.observed, journal=journal
+        )
+
+    # ---- stop ------------------------------------------------------------------------------------------
+
+    def stop(self, before: UnitState) -> dict:
+        """Drain, SIGTERM through systemd, SIGKILL the cgroup past stop_timeout, then look for orphans."""
+        settings = self.settings
+        started = time.monotonic()
+        report = {"in_flight": None, "drain": None, "aborted_requests": 0, "terminate": None, "escalated": False}
+        report["killed"] = []
+        if not before.stopped:
+            drain = settings.drain_timeout if settings.drain_timeout is not None else server_drain_timeout(before)
+            serving = before.active_state == "active"
+            in_flight = report["in_flight"] = requests_in_engine(settings.url) if serving else None
+            self.unit.stop()
+            # An unreadable count (None: a busy server) may hide requests: watch the drain all the same.
+            if serving and drain > 0 and in_flight != 0:
+                report["drain"] = self._drain(in_flight, drain)
+                report["aborted_requests"] = report["drain"]["remaining"] or 0
+            elif in_flight:
+                report["aborted_requests"] = in_flight
+            # Without a main process (killed, crashed) nothing in the cgroup will exit on SIGTERM: what is
+            # left there once the unit stops is orphaned, and the orphan step below deals with it.
+            control_group = before.control_group if before.main_pid else ""
+            report["terminate"] = self._wait_stopped(control_group, settings.stop_timeout)
+            if not report["terminate"]["stopped"]:
+                report["escalated"] = True
+                report["killed"] = self._kill_cgroup(before.control_group)
+        report["orphans"] = self._orphans(before)
+        report["cgroup_empty"] = not cgroup_pids(before.control_group)
+        report["elapsed"] = round(time.monotonic() - started, 3)
+        return report
+
+    def _drain(self, in_flight: int | None, drain: float) -> dict:
+        """Watch the engine's requests until none is left, the server exits, or the drain time ends."""
+        last = {"remaining": in_flight}
+
+        def check():
+            if self.unit.state().stopped:
+                return True, last["remaining"]
+            count = requests_in_engine(self.settings.url)
+            if count is None:  # the server closed its port: what was left is gone with it
+                return True, last["remaining"]
+            last["remaining"] = count
+            return count == 0, count
+
+        result = wait_for(check, drain, STOP_POLL_INTERVAL)
+        return {"timeout": drain, "remaining": last["remaining"], "elapsed": round(result.elapsed, 3)}
+
+    def _wait_stopped(self, control_group: str, timeout: float) -> dict:
+        def check():
+            state = self.unit.state()
+            return state.stopped and not cgroup_pids(control_group), state.as_dict()
+
+        result = wait_for(check, timeout, STOP_POLL_INTERVAL)
+        return {"stopped": result.ok, "elapsed": round(result.elapsed, 3), **(result.observed or {})}
+
+    def _kill_cgroup(self, control_group: str) -> list[int]:
+        """SIGKILL every process of the cgroup until it is empty and systemd has seen the unit stop."""
+        killed = set()
+
+        def check():
+            pids = cgroup_pids(control_group)
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.add(pid)
+                except ProcessLookupError:
+                    pass
+            return not pids and self.unit.state().stopped, pids
+
+        result = wait_for(check, self.settings.kill_timeout, STOP_POLL_INTERVAL)
+        if not result.ok:
+            survivors = [found.as_dict() for found in map(read_process, result.observed or []) if found]
+            raise ServiceError(
+                f"{self.unit.name}: processes outlived SIGKILL for {self.settings.kill_timeout:g} s (kill_timeout), "
+                "typically stuck in a driver call (state D); the GPU may need a reset",
+                survivors=survivors,
+            )
+        return sorted(killed)
+
+    # ---- orphans ---------------------------------------------------------------------------------------
+
+    def find_orphans(self, before: UnitState) -> list:
+        """Processes of this instance alive while its unit is stopped.
+
+        systemd runs the main process in a session of its own, and vLLM's engine, workers and resource tracker
+        stay in it, so they are the processes of the last main PID's session started since it started; plus
+        whatever is still in the unit's cgroup (KillMode=process leaves them there).
+        """
+        tick = os.sysconf("SC_CLK_TCK")
+        earliest = before.main_started_us / 1e6 - START_SLACK_SECONDS
+        return [
+            process
+            for process in list_processes(self.proc)
+            if process.unit == self.unit.name
+            or (
+                before.last_main_pid
+                and process.session == before.last_main_pid
+                and process.start_ticks / tick >= earliest
+            )
+        ]
+
+    def _orphans(self, before: UnitState) -> dict:
+        orphans = self.find_orphans(before)
+        report = {"found": [process.as_dict() for process in orphans], "terminated": [], "killed": [], "survivors": []}
+        if orphans and self.settings.kill_orphans:
+            ended = terminate(orphans, self.settings.orphan_grace, self.proc)
+            report.update(terminated=ended["terminated"], killed=ended["killed"], survivors=ended["survivors"])
+        return report

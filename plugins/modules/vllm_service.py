@@ -1,0 +1,351 @@
+#!/usr/bin/python
+# Copyright: llmops.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: vllm_service
+short_description: Start, stop and restart a vLLM systemd unit safely, with bounded steps
+version_added: 0.1.0
+author: llmops.vllm contributors (@llmops-vllm)
+description:
+  - Starts a vLLM unit and waits until it serves, that is until the unit is active, C(/health) answers 200
+    and C(/v1/models) lists O(served_name). When the unit fails or exits while loading, the module fails at
+    once with the unit's result, the main process's exit status and the unit's journal lines since the start.
+  - Stops a unit in bounded steps. It reads the engine's running and waiting requests from C(/metrics) and
+    asks systemd to stop the unit, which sends SIGTERM to the API server. With a drain, it watches the
+    requests until none is left or O(drain_timeout) ends. When the unit has not stopped O(stop_timeout)
+    seconds later, the module sends SIGKILL to every process of the unit's cgroup itself instead of waiting
+    for systemd's C(TimeoutStopSec), then confirms that the cgroup is empty.
+  - After a stop it looks for processes of the instance that outlived the unit (vLLM's EngineCore, workers
+    and resource tracker of the last main process's session, or processes left in the unit's cgroup by
+    C(KillMode=process)), reports them and, with O(kill_orphans), ends them with SIGTERM then SIGKILL.
+  - Runs C(systemctl daemon-reload) first when the unit's files changed on disk, including a drop-in added
+    or removed since systemd loaded the unit (which systemd itself does not notice).
+  - Returns the duration of each phase.
+extends_documentation_fragment:
+  - llmops.vllm.attributes
+attributes:
+  check_mode:
+    support: full
+    details: Reports what a start or stop would do and the orphans it would end; sends nothing.
+  diff_mode:
+    support: full
+    details: The unit's active state before and after.
+  idempotent:
+    support: full
+    details: O(state=restarted) always restarts.
+options:
+  name:
+    description: The unit, for example C(vllm-tiny.service); C(.service) is added when no suffix is given.
+    type: str
+    required: true
+  state:
+    description:
+      - V(started) starts the unit unless it runs, and waits until it serves in both cases.
+      - V(stopped) stops it, and looks for orphans even when it was already stopped.
+      - V(restarted) stops it as V(stopped) does, then starts it as V(started) does.
+    type: str
+    required: true
+    choices: [started, stopped, restarted]
+  url:
+    description: Base URL where the server answers on this host.
+    type: str
+    default: http://127.0.0.1:8000
+  served_name:
+    description: The model name the server must list on C(/v1/models). Required to start.
+    type: str
+  api_key:
+    description: The server's API key, for C(/v1/models). C(/health) and C(/metrics) need none.
+    type: str
+  load_timeout:
+    description: Seconds from the start until the model must serve. Large models load for 10 minutes or more.
+    type: float
+    default: 600
+  drain_timeout:
+    description:
+      - Seconds in which in-flight requests may finish after SIGTERM, watched through C(/metrics).
+      - By default the server's own C(--shutdown-timeout) from the unit's command line; vLLM stops taking
+        requests and finishes the running ones for that long. V(0) means no drain. A server started without
+        C(--shutdown-timeout) aborts its requests at SIGTERM whatever this says.
+    type: float
+  stop_timeout:
+    description: Seconds the server gets to exit after SIGTERM (after the drain) before SIGKILL.
+    type: float
+    default: 30
+  kill_timeout:
+    description: Seconds that processes get to die after SIGKILL before the module fails naming them.
+    type: float
+    default: 10
+  kill_orphans:
+    description: End the orphans found after a stop (SIGTERM, then SIGKILL after O(orphan_grace)).
+    type: bool
+    default: false
+  orphan_grace:
+    description: Seconds between SIGTERM and SIGKILL for orphans.
+    type: float
+    default: 5
+  poll_interval:
+    description: Seconds between readiness checks while the model loads.
+    type: float
+    default: 1
+  journal_lines:
+    description: Journal lines of the unit to return when a start fails.
+    type: int
+    default: 40
+notes:
+  - Needs root (or the right to run C(systemctl start/stop) and to signal the server's processes).
+seealso:
+  - module: ansible.builtin.systemd_service
+"""
+
+EXAMPLES = r"""
+- name: Start tiny and wait until it serves
+  llmops.vllm.vllm_service:
+    name: vllm-tiny.service
+    state: started
+    served_name: tiny
+    api_key: "{{ vllm_server_api_key }}"
+    load_timeout: 300
+
+- name: Stop MiniMax, letting running requests finish for up to a minute, and end any orphan
+  llmops.vllm.vllm_service:
+    name: vllm-minimax_m25
+    state: stopped
+    drain_timeout: 60
+    stop_timeout: 30
+    kill_orphans: true
+  register: stopped
+
+- name: Show where the stop's time went
+  ansible.builtin.debug:
+    msg: "{{ stopped.stop }}"
+"""
+
+RETURN = r"""
+unit:
+  description: The unit's name.
+  returned: always
+  type: str
+  sample: vllm-tiny.service
+daemon_reloaded:
+  description: Whether systemd reloaded its unit files first.
+  returned: always
+  type: bool
+  sample: false
+active_state:
+  description: The unit's ActiveState at the end.
+  returned: always
+  type: str
+  sample: active
+start:
+  description: Durations of the start in seconds, null when there was none.
+  returned: always
+  type: dict
+  contains:
+    systemd_start:
+      description: From C(systemctl start) until systemd reported the unit active (the process runs).
+      type: float
+    load:
+      description: From then until the model served.
+      type: float
+    elapsed:
+      description: The whole start.
+      type: float
+  sample: {"systemd_start": 0.41, "load": 58.2, "elapsed": 58.61}
+stop:
+  description: What the stop did, null when there was none.
+  returned: always
+  type: dict
+  contains:
+    in_flight:
+      description: Requests running or waiting in the engine when the stop began; null when unreadable.
+      type: int
+    drain:
+      description: The drain's C(timeout), the requests C(remaining) when it ended, and how long it took.
+      type: dict
+    aborted_requests:
+      description: Requests that were running or waiting when the server stopped serving them.
+      type: int
+    terminate:
+      description: Whether the unit stopped after SIGTERM (C(stopped)), in how long, and its final state.
+      type: dict
+    escalated:
+      description: Whether the module sent SIGKILL to the unit's cgroup.
+      type: bool
+    killed:
+      description: PIDs that got SIGKILL.
+      type: list
+      elements: int
+    orphans:
+      description:
+        - C(found) processes of the instance outside a running unit (pid, ppid, session, uid, name,
+          cmdline, unit), and which of them were C(terminated), C(killed), or are C(survivors).
+      type: dict
+    cgroup_empty:
+      description: Whether no process is left in the unit's cgroup.
+      type: bool
+    elapsed:
+      description: The whole stop in seconds.
+      type: float
+  sample:
+    in_flight: 3
+    drain: {"timeout": 10, "remaining": 0, "elapsed": 1.6}
+    aborted_requests: 0
+    terminate: {"stopped": true, "elapsed": 7.9, "active_state": "inactive", "sub_state": "dead", "result": "success"}
+    escalated: false
+    killed: []
+    orphans: {"found": [], "terminated": [], "killed": [], "survivors": []}
+    cgroup_empty: true
+    elapsed: 7.9
+elapsed:
+  description: Seconds the module spent.
+  returned: always
+  type: float
+  sample: 66.2
+journal:
+  description: The unit's journal lines since the failed start.
+  returned: when a start failed
+  type: list
+  elements: str
+"""
+
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.llmops.vllm.plugins.module_utils._unit import Unit, UnitError, needs_daemon_reload
+from ansible_collections.llmops.vllm.plugins.module_utils._vllm_api import check_base_url
+from ansible_collections.llmops.vllm.plugins.module_utils._vllm_service import Lifecycle, ServiceError, Settings
+from ansible_collections.llmops.vllm.plugins.module_utils._wait import positive_seconds
+
+POSITIVE_SECONDS = ("load_timeout", "stop_timeout", "kill_timeout", "orphan_grace", "poll_interval")
+UNIT_SUFFIXES = (".service", ".scope", ".target", ".socket", ".mount", ".timer", ".path", ".slice")
+
+
+def settings_from(params) -> Settings:
+    """Settings from the module's parameters; ValueError names the first bad one."""
+    seconds = {name: positive_seconds(params[name], name) for name in POSITIVE_SECONDS}
+    drain = params["drain_timeout"]
+    if drain is not None and drain < 0:
+        raise ValueError(f"drain_timeout must be 0 (no drain) or more seconds, got {drain:g}")
+    if params["journal_lines"] < 1:
+        raise ValueError(f"journal_lines must be 1 or more, got {params['journal_lines']}")
+    return Settings(
+        url=check_base_url(params["url"]),
+        served_name=params["served_name"],
+        api_key=params["api_key"],
+        drain_timeout=drain,
+        kill_orphans=params["kill_orphans"],
+        journal_lines=params["journal_lines"],
+        **seconds,
+    )
+
+
+def elapsed(since: float) -> float:
+    return round(time.monotonic() - since, 3)
+
+
+def stop_summary(stop: dict) -> str:
+    how = "SIGKILL after stop_timeout" if stop["escalated"] else "SIGTERM"
+    parts = [f"stopped in {stop['elapsed']:g} s ({how})"]
+    if stop["drain"]:
+        in_flight = "an unknown number of" if stop["in_flight"] is None else stop["in_flight"]
+        parts.append(f"drained {in_flight} requests in flight for {stop['drain']['elapsed']:g} s")
+    if stop["aborted_requests"]:
+        parts.append(f"{stop['aborted_requests']} requests aborted")
+    orphans = stop["orphans"]
+    if orphans["found"]:
+        ended = len(orphans["terminated"]) + len(orphans["killed"])
+        parts.append(f"{len(orphans['found'])} orphan processes found, {ended} ended")
+    return "; ".join(parts)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "name": {"type": "str", "required": True},
+            "state": {"type": "str", "required": True, "choices": ["started", "stopped", "restarted"]},
+            "url": {"type": "str", "default": "http://127.0.0.1:8000"},
+            "served_name": {"type": "str"},
+            "api_key": {"type": "str", "no_log": True},
+            "load_timeout": {"type": "float", "default": 600},
+            "drain_timeout": {"type": "float"},
+            "stop_timeout": {"type": "float", "default": 30},
+            "kill_timeout": {"type": "float", "default": 10},
+            "kill_orphans": {"type": "bool", "default": False},
+            "orphan_grace": {"type": "float", "default": 5},
+            "poll_interval": {"type": "float", "default": 1},
+            "journal_lines": {"type": "int", "default": 40},
+        },
+        required_if=[("state", "started", ["served_name"]), ("state", "restarted", ["served_name"])],
+        supports_check_mode=True,
+    )
+    started = time.monotonic()
+    state = module.params["state"]
+    name = module.params["name"]
+    if not name.endswith(UNIT_SUFFIXES):
+        name += ".service"
+    try:
+        settings = settings_from(module.params)
+    except ValueError as error:
+        module.fail_json(msg=str(error))
+
+    unit = Unit(name, module.run_command)
+    lifecycle = Lifecycle(unit, settings)
+    result = {"unit": name, "changed": False, "daemon_reloaded": False, "start": None, "stop": None}
+    try:
+        before = unit.state()
+        if not before.exists:
+            module.fail_json(
+                msg=f"systemd does not know the unit {name} (LoadState {before.load_state}): check the name"
+            )
+        if needs_daemon_reload(before):
+            if not module.check_mode:
+                unit.daemon_reload()
+                before = unit.state()
+            result.update(changed=True, daemon_reloaded=True)
+        running = not before.stopped and not before.crashed
+        messages = []
+        if module.check_mode:
+            would_stop = state == "restarted" or (state == "stopped" and not before.stopped)
+            would_start = state == "restarted" or (state == "started" and not running)
+            orphans = [] if would_stop or state == "started" else lifecycle.find_orphans(before)
+            result["changed"] |= would_stop or would_start or bool(orphans and settings.kill_orphans)
+            result["orphans"] = [process.as_dict() for process in orphans]
+        else:
+            if state in ("stopped", "restarted"):
+                result["stop"] = lifecycle.stop(before)
+                killed_orphans = result["stop"]["orphans"]["terminated"] + result["stop"]["orphans"]["killed"]
+                result["changed"] |= not before.stopped or bool(killed_orphans)
+                messages.append(stop_summary(result["stop"]))
+            if state == "restarted" or (state == "started" and not running):
+                result["start"] = lifecycle.start(unit.state() if state == "restarted" else before)
+                result["changed"] = True
+                start = result["start"]
+                messages.append(
+                    f"serving {settings.served_name!r} {start['elapsed']:g} s after the start"
+                    f" (systemd {start['systemd_start']:g} s, model load {start['load']:g} s)"
+                )
+            elif state == "started":
+                result["start"] = None
+                waited = lifecycle.wait_ready()
+                messages.append(f"already running; serving {settings.served_name!r} ({waited['elapsed']:g} s wait)")
+        after = unit.state()
+    except ServiceError as error:
+        module.fail_json(msg=f"{name}: {error}", **{**result, **error.details, "elapsed": elapsed(started)})
+    except UnitError as error:
+        module.fail_json(msg=str(error), **{**result, "elapsed": elapsed(started)})
+
+    result["active_state"] = after.active_state
+    result["elapsed"] = elapsed(started)
+    result["msg"] = f"{name}: " + ("; ".join(messages) or f"{after.active_state}, nothing to do")
+    result["diff"] = {"before": f"{name}: {before.active_state}\n", "after": f"{name}: {after.active_state}\n"}
+    if module.check_mode:
+        result["diff"]["after"] = f"{name}: {'inactive' if state == 'stopped' else 'active'}\n"
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,219 @@
+"""vllm_service against the real vLLM serving `tiny` under systemd on the local host.
+
+The tests leave the unit serving as they found it; those that change the unit do so with a drop-in that
+they remove again.
+"""
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+UNIT = "vllm-tiny.service"
+UNIT_FILE = f"/etc/systemd/system/{UNIT}"
+DROP_IN = f"/etc/systemd/system/{UNIT}.d/test.conf"
+CLIENT = Path(__file__).with_name("stream_clients.py")
+# Tokens per streamed request: 12 streams of 500 take about 3 s on 2 cores, well inside tiny's 10 s drain.
+STREAM_TOKENS = 500
+
+
+def service(host, state, **args):
+    args.setdefault("served_name", "tiny")
+    return host.module("llmops.vllm.vllm_service", name=UNIT, state=state, api_key=host.api_key, **args)
+
+
+def succeeded(result):
+    assert not result.get("failed"), result.get("msg")
+    return result
+
+
+def unit_show(host, *properties):
+    text = host.sh(f"systemctl show {UNIT} -p {','.join(properties)}").stdout
+    return dict(line.split("=", 1) for line in text.splitlines())
+
+
+def session_processes(host, session):
+    """`pid name` lines of the processes in a session."""
+    return host.sh(f"ps -eo pid=,sid=,comm= | awk '$2 == {session} {{print $1, $3}}'").stdout.split("\n")[:-1]
+
+
+def start_streams(host, count, output):
+    """Start `count` streams on the host; return once each has received its first chunk."""
+    host.sh(f"cat > /tmp/stream_clients.py <<'EOF'\n{CLIENT.read_text()}\nEOF")
+    command = f"python3 /tmp/stream_clients.py {host.endpoint} tiny {host.api_key} {count} {STREAM_TOKENS} {output}"
+    host.sh(f"rm -f {output} {output}.streaming")
+    host.spawn(command)
+    host.sh(f"for _ in $(seq 600); do test -e {output}.streaming && exit; sleep 0.1; done; exit 1", timeout=90)
+
+
+def stream_records(host, output):
+    for _attempt in range(120):
+        found = host.sh(f"cat {output}", check=False)
+        if found.returncode == 0:
+            return json.loads(found.stdout)
+        time.sleep(0.5)
+    raise AssertionError(f"the stream clients wrote no {output}")
+
+
+@pytest.fixture
+def serving(deployed):
+    """The deployed host with tiny serving before and after the test."""
+    succeeded(service(deployed, "started", load_timeout=300))
+    yield deployed
+    if deployed.sh(f"test -e {DROP_IN}", check=False).returncode == 0:
+        deployed.sh(f"rm -rf {UNIT_FILE}.d")
+        succeeded(service(deployed, "restarted", load_timeout=300))
+    else:
+        succeeded(service(deployed, "started", load_timeout=300))
+
+
+def write_drop_in(host, *lines):
+    host.sh(
+        f"mkdir -p {UNIT_FILE}.d && printf '%s\\n' '[Service]' {' '.join(repr(line) for line in lines)} > {DROP_IN}"
+    )
+
+
+def exec_start_with(host, old, new):
+    """The unit's ExecStart= line with one piece of it replaced (a drop-in needs an empty ExecStart= first)."""
+    line = host.sh(f"grep '^ExecStart=' {UNIT_FILE}").stdout.strip()
+    assert old in line
+    return ["ExecStart=", line.replace(old, new)]
+
+
+# ---- bad input: a clear error, and the host unchanged ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"name": "vllm-nonexistent"}, "systemd does not know the unit vllm-nonexistent.service"),
+        ({"url": "localhost:8000"}, "url must be the server's base URL"),
+        ({"url": "http://127.0.0.1:8000/metrics"}, "without a path beyond /v1"),
+        ({"stop_timeout": 0}, "stop_timeout must be more than 0 seconds"),
+        ({"load_timeout": -5}, "load_timeout must be more than 0 seconds"),
+        ({"drain_timeout": -1}, "drain_timeout must be 0 (no drain) or more seconds"),
+    ],
+)
+def test_bad_input_fails_clearly_and_changes_nothing(serving, args, message):
+    main_pid = unit_show(serving, "MainPID")["MainPID"]
+    result = serving.module("llmops.vllm.vllm_service", **{"name": UNIT, "state": "stopped", **args})
+    assert result.get("failed") and message in result["msg"]
+    assert unit_show(serving, "ActiveState", "MainPID") == {"ActiveState": "active", "MainPID": main_pid}
+
+
+def test_a_served_name_the_server_does_not_list_fails_at_once(serving):
+    result = service(serving, "started", served_name="not-tiny", load_timeout=300)
+    assert result.get("failed")
+    assert "serves ['tiny'], not 'not-tiny': check served_name" in result["msg"]
+    assert result["elapsed"] < 10
+
+
+def test_check_mode_predicts_a_stop_and_sends_nothing(serving):
+    main_pid = unit_show(serving, "MainPID")["MainPID"]
+    result = succeeded(service(serving, "stopped", check_mode=True))
+    assert result["changed"] and result["stop"] is None
+    assert unit_show(serving, "ActiveState", "MainPID") == {"ActiveState": "active", "MainPID": main_pid}
+
+
+# ---- stop and start of the real server ------------------------------------------------------------------
+
+
+def test_idle_stop_returns_when_vllm_exits_and_start_splits_its_time(serving):
+    stopped = succeeded(service(serving, "stopped"))
+    stop = stopped["stop"]
+    assert stopped["changed"] and stopped["active_state"] == "inactive"
+    assert stop["terminate"]["stopped"] and not stop["escalated"] and stop["cgroup_empty"]
+    assert stop["orphans"]["found"] == [] and stop["aborted_requests"] == 0
+    # systemd's own record of the stop: from leaving `active` to reaching `inactive`.
+    # The wait after `systemctl stop` ends within a poll or two of what systemd records for the stop.
+    times = unit_show(serving, "ActiveExitTimestampMonotonic", "InactiveEnterTimestampMonotonic")
+    vllm_exit = (int(times["InactiveEnterTimestampMonotonic"]) - int(times["ActiveExitTimestampMonotonic"])) / 1e6
+    assert vllm_exit - 0.5 <= stop["terminate"]["elapsed"] < vllm_exit + 1.0, (vllm_exit, stop)
+
+    again = succeeded(service(serving, "stopped"))
+    assert not again["changed"] and again["stop"]["terminate"] is None
+
+    started = succeeded(service(serving, "started", load_timeout=300))
+    start = started["start"]
+    assert started["changed"] and started["active_state"] == "active"
+    assert start["systemd_start"] < 5 < start["load"]
+    assert start["elapsed"] == pytest.approx(start["systemd_start"] + start["load"], abs=0.01)
+    assert not succeeded(service(serving, "started"))["changed"]
+
+
+def test_drained_stop_lets_in_flight_requests_complete(serving):
+    start_streams(serving, 12, "/tmp/drained.json")
+    stop = succeeded(service(serving, "stopped"))["stop"]  # the server's own --shutdown-timeout 10
+    assert stop["in_flight"] >= 1 and stop["drain"]["remaining"] == 0
+    assert stop["aborted_requests"] == 0 and not stop["escalated"]
+    records = stream_records(serving, "/tmp/drained.json")
+    # Every request the server had begun to answer completed; the later ones were refused, not cut.
+    answered = [record for record in records if record["chunks"]]
+    assert len(answered) >= 12
+    for record in answered:
+        expected = {"status": 200, "done": True, "tokens": STREAM_TOKENS, "finish_reason": "length", "error": None}
+        assert record == {**record, **expected}
+
+
+def test_hung_unit_is_killed_at_stop_timeout(local_host):
+    """A main process and its child that both ignore SIGTERM: SIGKILL to the cgroup after stop_timeout."""
+    hang = "llmops-test-hang.service"
+    program = "import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); os.fork(); time.sleep(3600)"
+    local_host.sh(
+        f"printf '%s\\n' '[Service]' 'ExecStart=/usr/bin/python3 -c \"{program}\"' > /etc/systemd/system/{hang}"
+        f" && systemctl daemon-reload && systemctl start {hang} && sleep 1"
+    )
+    try:
+        result = local_host.module("llmops.vllm.vllm_service", name=hang, state="stopped", stop_timeout=3)
+        stop = succeeded(result)["stop"]
+        assert stop["escalated"] and len(stop["killed"]) == 2 and stop["cgroup_empty"]
+        assert 3 <= stop["elapsed"] < 3 + 2
+        assert result["active_state"] in ("inactive", "failed")
+    finally:
+        # reset-failed: a failed unit would leave the host's systemd `degraded` for the next session.
+        local_host.sh(f"systemctl stop {hang}; systemctl reset-failed {hang}; rm -f /etc/systemd/system/{hang}; true")
+        local_host.sh("systemctl daemon-reload")
+
+
+def test_bad_serve_flag_fails_fast_with_the_journal(serving):
+    write_drop_in(serving, *exec_start_with(serving, "--shutdown-timeout", "--no-such-flag --shutdown-timeout"))
+    result = service(serving, "restarted", load_timeout=300)
+    assert result.get("failed") and result["daemon_reloaded"]
+    assert "failed while loading" in result["msg"]
+    assert "unrecognized arguments: --no-such-flag" in result["msg"]
+    assert result["elapsed"] < 120  # the failure, not the 300 s load timeout
+
+
+@pytest.fixture
+def careless_unit(serving):
+    """tiny without a drain (--shutdown-timeout 0) and with KillMode=process, as a hand-written unit might be."""
+    write_drop_in(
+        serving, *exec_start_with(serving, "--shutdown-timeout 10", "--shutdown-timeout 0"), "KillMode=process"
+    )
+    restarted = succeeded(service(serving, "restarted", load_timeout=300))
+    assert restarted["daemon_reloaded"]
+    return serving
+
+
+def test_without_drain_in_flight_requests_are_aborted_and_reported(careless_unit):
+    start_streams(careless_unit, 12, "/tmp/aborted.json")
+    result = succeeded(service(careless_unit, "stopped"))
+    records = stream_records(careless_unit, "/tmp/aborted.json")
+    cut_off = [record for record in records if record["chunks"] and not record["done"]]
+    assert result["stop"]["drain"] is None and result["stop"]["aborted_requests"] >= len(cut_off) >= 1
+    assert f"{result['stop']['aborted_requests']} requests aborted" in result["msg"]
+    assert all(record["tokens"] is None for record in cut_off)
+
+
+def test_orphans_of_a_killed_main_process_are_found_and_killed(careless_unit):
+    main_pid = unit_show(careless_unit, "MainPID")["MainPID"]
+    assert len(session_processes(careless_unit, main_pid)) >= 3  # API server, EngineCore, worker, tracker
+    careless_unit.sh(f"kill -KILL {main_pid}")
+    result = succeeded(service(careless_unit, "stopped", kill_orphans=True))
+    orphans = result["stop"]["orphans"]
+    names = {process["name"] for process in orphans["found"]}
+    assert "VLLM::EngineCore" in names and all(process["session"] == int(main_pid) for process in orphans["found"])
+    assert sorted(orphans["terminated"] + orphans["killed"]) == sorted(process["pid"] for process in orphans["found"])
+    assert orphans["survivors"] == [] and result["stop"]["cgroup_empty"]
+    assert session_processes(careless_unit, main_pid) == []

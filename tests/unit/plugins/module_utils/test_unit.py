@@ -1,0 +1,140 @@
+import os
+import subprocess
+
+import pytest
+
+from ansible_collections.llmops.vllm.plugins.module_utils._unit import (
+    Unit,
+    UnitError,
+    cgroup_pids,
+    error_lines,
+    exec_start_argv,
+    flag_value,
+    needs_daemon_reload,
+    parse_show,
+)
+
+# `systemctl show vllm-tiny.service -p ...` of a server that was stopped, as systemd 252 prints it.
+SHOW_STOPPED = """MainPID=0
+Result=success
+ExecMainStartTimestampMonotonic=8756968409
+ExecMainPID=2613
+ExecMainCode=1
+ExecMainStatus=0
+ExecStart={ path=/opt/vllm/venv/bin/python ; argv[]=/opt/vllm/venv/bin/python -m vllm.entrypoints.openai.api_server \
+--model /var/lib/vllm/models/tiny --served-model-name tiny --port 8000 --shutdown-timeout 10 ; ignore_errors=no ; \
+start_time=[Mon 2026-11-30 05:17:34 UTC] ; stop_time=[Mon 2026-11-30 05:24:00 UTC] ; pid=2613 ; code=exited ; status=0 }
+ControlGroup=
+LoadState=loaded
+ActiveState=inactive
+SubState=dead
+NeedDaemonReload=no
+InvocationID=fa924c79fc214835b8428a2cbf86cf96
+"""
+
+
+def test_parse_show_of_a_stopped_unit():
+    state = parse_show("vllm-tiny.service", SHOW_STOPPED)
+    assert state.exists and state.stopped and not state.crashed and not state.needs_daemon_reload
+    assert (state.main_pid, state.last_main_pid, state.main_started_us) == (0, 2613, 8756968409)
+    assert state.outcome() == "result success, main process exited with status 0"
+    assert exec_start_argv(state.exec_start)[-2:] == ["--shutdown-timeout", "10"]
+
+
+@pytest.mark.parametrize(
+    ("lines", "exists", "stopped", "crashed"),
+    [
+        ("LoadState=not-found\nActiveState=inactive\n", False, True, False),
+        ("LoadState=loaded\nActiveState=activating\nSubState=auto-restart\n", True, False, True),
+        ("LoadState=loaded\nActiveState=failed\nSubState=failed\nResult=exit-code\n", True, True, True),
+        ("LoadState=loaded\nActiveState=deactivating\nSubState=stop-sigterm\n", True, False, False),
+    ],
+)
+def test_unit_states(lines, exists, stopped, crashed):
+    state = parse_show("x.service", lines)
+    assert (state.exists, state.stopped, state.crashed) == (exists, stopped, crashed)
+
+
+def test_outcome_of_a_killed_main_process():
+    state = parse_show("x.service", "Result=signal\nExecMainCode=2\nExecMainStatus=9\n")
+    assert state.outcome() == "result signal, main process killed with status 9"
+
+
+@pytest.mark.parametrize(
+    ("argv", "value"),
+    [
+        (["--shutdown-timeout", "10"], "10"),
+        (["--shutdown-timeout=30"], "30"),
+        (["--shutdown-timeout", "10", "--shutdown-timeout", "0"], "0"),
+        (["--port", "8000"], None),
+        (["--shutdown-timeout"], None),
+    ],
+)
+def test_flag_value(argv, value):
+    assert flag_value(argv, "--shutdown-timeout") == value
+
+
+def test_exec_start_argv_without_a_command():
+    assert exec_start_argv("") == []
+
+
+def test_cgroup_pids_walks_sub_cgroups(tmp_path):
+    unit = tmp_path / "unified" / "system.slice" / "vllm-tiny.service"
+    (unit / "payload").mkdir(parents=True)
+    (unit / "cgroup.procs").write_text("101\n102\n")
+    (unit / "payload" / "cgroup.procs").write_text("103\n")
+    roots = (str(tmp_path / "unified"), str(tmp_path / "systemd"))
+    assert cgroup_pids("/system.slice/vllm-tiny.service", roots) == [101, 102, 103]
+    assert cgroup_pids("/system.slice/gone.service", roots) == []
+    assert cgroup_pids("", roots) == []
+
+
+def test_error_lines_keeps_the_first_of_each_and_their_order():
+    journal = [
+        "INFO loading weights",
+        "ERROR 11-30 [core.py] EngineCore failed to start.",
+        "Traceback (most recent call last):",
+        "ERROR 11-30 [core.py] EngineCore failed to start.",
+        "torch.OutOfMemoryError: CUDA out of memory.",
+        "INFO shutting down",
+    ]
+    assert error_lines(journal) == [journal[1], journal[2], journal[4]]
+
+
+def run_for_real(command):
+    proc = subprocess.run(command, capture_output=True, text=True, check=False)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_unit_reports_a_failed_systemctl_with_its_words():
+    if not os.path.exists("/usr/bin/systemctl") and not os.path.exists("/bin/systemctl"):
+        pytest.skip("systemctl is not installed here")
+    with pytest.raises(UnitError, match=r"systemctl start --no-block vllm-x\.service failed"):
+        Unit("vllm-x.service", run_for_real).start()
+
+
+def test_unit_journal_reads_one_run():
+    seen = []
+
+    def runner(command):
+        seen.append(command)
+        return 0, "line one\nline two\n", ""
+
+    assert Unit("vllm-tiny.service", runner).journal("fa924c79", 40) == ["line one", "line two"]
+    matches = ["_SYSTEMD_INVOCATION_ID=fa924c79", "+", "INVOCATION_ID=fa924c79"]
+    assert seen == [["journalctl", *matches, "--lines", "40", "--no-pager", "--output", "cat"]]
+
+
+def test_a_drop_in_added_or_removed_since_loading_needs_a_reload(tmp_path):
+    unit_dirs = (str(tmp_path / "etc"), str(tmp_path / "run"))
+    drop_in = tmp_path / "etc" / "vllm-tiny.service.d" / "test.conf"
+    loaded = parse_show("vllm-tiny.service", "LoadState=loaded\nNeedDaemonReload=no\nDropInPaths=\n")
+    assert not needs_daemon_reload(loaded, unit_dirs)
+    drop_in.parent.mkdir(parents=True)
+    drop_in.write_text("[Service]\nKillMode=process\n")
+    assert needs_daemon_reload(loaded, unit_dirs)
+    reloaded = parse_show("vllm-tiny.service", f"NeedDaemonReload=no\nDropInPaths={drop_in}\n")
+    assert not needs_daemon_reload(reloaded, unit_dirs)
+    drop_in.unlink()
+    assert needs_daemon_reload(reloaded, unit_dirs)
+    assert needs_daemon_reload(parse_show("vllm-tiny.service", "NeedDaemonReload=yes\n"), unit_dirs)

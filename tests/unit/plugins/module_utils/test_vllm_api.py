@@ -1,0 +1,95 @@
+import http.server
+import json
+import threading
+
+import pytest
+
+from ansible_collections.llmops.vllm.plugins.module_utils._vllm_api import (
+    check_base_url,
+    get,
+    metric_total,
+    requests_in_engine,
+    served_models,
+)
+
+METRICS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="tiny"} 3.0
+vllm:num_requests_running{engine="1",model_name="tiny"} 2.0
+vllm:num_requests_waiting{engine="0",model_name="tiny"} 4.0
+vllm:num_requests_waiting_by_reason{engine="0",model_name="tiny",reason="capacity"} 4.0
+vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.25
+"""
+
+
+@pytest.mark.parametrize(
+    ("url", "base"),
+    [
+        ("http://127.0.0.1:8000", "http://127.0.0.1:8000"),
+        ("http://127.0.0.1:8000/", "http://127.0.0.1:8000"),
+        ("https://gpu-7.example.com:8443/v1", "https://gpu-7.example.com:8443"),
+    ],
+)
+def test_check_base_url(url, base):
+    assert check_base_url(url) == base
+
+
+@pytest.mark.parametrize(
+    "url", ["127.0.0.1:8000", "ftp://host", "http://", "http://h:8000/metrics", "http://h/?a=1", None]
+)
+def test_check_base_url_refuses(url):
+    with pytest.raises(ValueError, match="url must be the server's base URL"):
+        check_base_url(url)
+
+
+def test_metric_total_sums_every_engine_and_ignores_longer_names():
+    assert metric_total(METRICS, "vllm:num_requests_running") == 5.0
+    assert metric_total(METRICS, "vllm:num_requests_waiting") == 4.0
+    assert metric_total(METRICS, "vllm:absent") is None
+
+
+def test_served_models():
+    assert served_models(json.dumps({"data": [{"id": "tiny"}, {"id": "lora-a"}]})) == ["tiny", "lora-a"]
+    assert served_models("<html>") == [] and served_models('{"error": "x"}') == []
+
+
+class _Server(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.path == "/metrics":
+            self._reply(200, METRICS)
+        elif self.headers.get("Authorization") != "Bearer sesame":
+            self._reply(401, '{"error": "Unauthorized"}')
+        else:
+            self._reply(200, json.dumps({"data": [{"id": "tiny"}]}))
+
+    def _reply(self, status, body):
+        self.send_response(status)
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server():
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Server)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+def test_get_sends_the_key_and_returns_error_statuses(server):
+    assert get(server, "/v1/models").status == 401
+    reply = get(server, "/v1/models", "sesame")
+    assert reply.status == 200 and served_models(reply.body) == ["tiny"]
+
+
+def test_requests_in_engine_counts_running_and_waiting(server):
+    assert requests_in_engine(server) == 9
+
+
+def test_no_answer_is_described():
+    reply = get("http://127.0.0.1:9", "/health", timeout=2)  # the discard port: nothing listens
+    assert reply.status is None and reply.describe() and reply.describe() == reply.error
+    assert requests_in_engine("http://127.0.0.1:9") is None
