@@ -212,8 +212,9 @@ def test_orphans_of_a_killed_main_process_are_found_and_killed(careless_unit):
     careless_unit.sh(f"kill -KILL {main_pid}")
     result = succeeded(service(careless_unit, "stopped", kill_orphans=True))
     orphans = result["stop"]["orphans"]
-    names = {process["name"] for process in orphans["found"]}
-    assert "VLLM::EngineCore" in names and all(process["session"] == int(main_pid) for process in orphans["found"])
+    # The command line, not the name: the kernel cuts a process's name (comm) to 15 characters.
+    commands = {process["cmdline"] for process in orphans["found"]}
+    assert "VLLM::EngineCore" in commands and all(process["session"] == int(main_pid) for process in orphans["found"])
     assert sorted(orphans["terminated"] + orphans["killed"]) == sorted(process["pid"] for process in orphans["found"])
     assert orphans["survivors"] == [] and result["stop"]["cgroup_empty"]
     assert session_processes(careless_unit, main_pid) == []
