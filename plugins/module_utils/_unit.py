@@ -195,7 +195,10 @@ class Unit:
         self._systemctl("daemon-reload")
 
     def reset_failed(self):
-        self._systemctl("reset-failed", self.name)
+        # A unit that systemd has not kept loaded (never started, or unloaded since) has nothing to reset.
+        rc, out, err = self._run(["systemctl", "reset-failed", self.name])
+        if rc != 0 and "not loaded" not in err:
+            raise UnitError(f"systemctl reset-failed {self.name} failed (rc {rc}): {(err or out).strip()}")
 
     def start(self):
         # --no-block: the module watches the start itself, so that a crash fails it at once.

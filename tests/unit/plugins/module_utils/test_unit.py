@@ -138,3 +138,17 @@ def test_a_drop_in_added_or_removed_since_loading_needs_a_reload(tmp_path):
     drop_in.unlink()
     assert needs_daemon_reload(reloaded, unit_dirs)
     assert needs_daemon_reload(parse_show("vllm-tiny.service", "NeedDaemonReload=yes\n"), unit_dirs)
+
+
+def test_reset_failed_of_a_unit_that_is_not_loaded_is_no_error():
+    answers = {
+        "vllm-new.service": (
+            1,
+            "",
+            "Failed to reset failed state of unit vllm-new.service: Unit vllm-new.service not loaded.",
+        ),
+        "vllm-odd.service": (1, "", "Access denied"),
+    }
+    Unit("vllm-new.service", lambda command: answers[command[-1]]).reset_failed()
+    with pytest.raises(UnitError, match="Access denied"):
+        Unit("vllm-odd.service", lambda command: answers[command[-1]]).reset_failed()
