@@ -47,8 +47,12 @@ class LocalHost:
         return proc
 
     def spawn(self, script: str) -> None:
-        """Start a bash script on the host in the background (podman exec --detach) and return at once."""
-        subprocess.run(["podman", "exec", "--detach", self.name, "bash", "-c", script], check=True, timeout=60)
+        """Start a bash script on the host in the background, as a transient systemd service.
+
+        Not `podman exec --detach`: while such an exec session runs, podman holds back the connection's own
+        calls, so a module sent meanwhile starts only when the script ends.
+        """
+        self.sh(f"systemd-run --quiet --collect bash -c {shlex.quote(script)}", timeout=60)
 
     def module(self, module_name: str, /, *, check_mode: bool = False, python: str = "", **args) -> dict:
         """Run one module on the host through Ansible and return its result (with `failed` on failure).
