@@ -34,7 +34,14 @@ HUB_ENDPOINT = "https://huggingface.co"
 
 
 class WeightsError(Exception):
-    """A source that cannot be read, weights that do not fit, or a file that fails verification."""
+    """A source that cannot be read, weights that do not fit, or a file that fails verification.
+
+    `status` is the HTTP status when a server refused the request.
+    """
+
+    def __init__(self, message, status=None):
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -276,7 +283,7 @@ class HttpSource:
         try:
             return self._opener.open(request, timeout=self.timeout)
         except urllib.error.HTTPError as error:
-            raise WeightsError(f"{method} {url} answered HTTP {error.code} {error.reason}") from None
+            raise WeightsError(f"{method} {url} answered HTTP {error.code} {error.reason}", error.code) from None
         except (urllib.error.URLError, OSError) as error:
             raise WeightsError(f"{method} {url} failed: {getattr(error, 'reason', error)}") from None
 
@@ -361,6 +368,29 @@ class PathSource:
         handle = open(os.path.join(self.root, path), "rb")  # noqa: SIM115 - returned to the caller, who closes it
         handle.seek(offset)
         return handle, offset
+
+
+def open_source(repo, revision, mirror=None, hub_endpoint=HUB_ENDPOINT, hub_token=None, timeout=60):
+    """Where the files of hub repository `repo` come from: MIRROR/owner/name when a mirror is set (an HTTP
+    directory or a path the host mounts), else the hub."""
+    if mirror:
+        base = mirror.rstrip("/") + "/" + repo
+        if base.startswith(("http://", "https://")):
+            return MirrorHttpSource(base, timeout=timeout)
+        return PathSource(base)
+    return HubSource(repo, revision, hub_endpoint, hub_token, timeout)
+
+
+def read_source_json(source, path):
+    """One JSON file of a source, such as config.json before any weights are fetched."""
+    try:
+        stream, _offset = source.open(path, 0)
+        with stream:
+            return json.load(stream)
+    except OSError as error:
+        raise WeightsError(f"cannot read {path}: {error}") from None
+    except ValueError as error:
+        raise WeightsError(f"{path} is not JSON: {error}") from None
 
 
 # ---- fetching -------------------------------------------------------------------------------------

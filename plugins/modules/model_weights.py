@@ -192,9 +192,6 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.text.formatters import human_to_bytes
 
 from ansible_collections.llmops.vllm.plugins.module_utils._weights import (
-    HubSource,
-    MirrorHttpSource,
-    PathSource,
     Progress,
     WeightsError,
     check_space,
@@ -202,20 +199,11 @@ from ansible_collections.llmops.vllm.plugins.module_utils._weights import (
     fetch,
     local_files,
     nearest_existing_directory,
+    open_source,
     plan_fetch,
     required_free_bytes,
     select_files,
 )
-
-
-def open_source(params):
-    source = params["source"]
-    if params["mirror"]:
-        base = params["mirror"].rstrip("/") + "/" + source["repo"]
-        if base.startswith(("http://", "https://")):
-            return MirrorHttpSource(base, timeout=params["timeout"])
-        return PathSource(base)
-    return HubSource(source["repo"], source["revision"], params["hub_endpoint"], params["hub_token"], params["timeout"])
 
 
 def describe(step):
@@ -286,7 +274,14 @@ def main():
     dest = params["path"]
     description = {"kind": "hub", "repo": source["repo"], "revision": source["revision"]}
     try:
-        origin = open_source(params)
+        origin = open_source(
+            source["repo"],
+            source["revision"],
+            params["mirror"],
+            params["hub_endpoint"],
+            params["hub_token"],
+            params["timeout"],
+        )
         files = select_files(origin.files(), source["allow_patterns"])
         if not files:
             raise WeightsError(f"the source has no files matching {source['allow_patterns']}")

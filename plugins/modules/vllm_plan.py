@@ -10,7 +10,8 @@ short_description: Check a model's parallel layout against its config.json and t
 version_added: 0.1.0
 author: llmops.vllm contributors (@llmops-vllm)
 description:
-  - Reads the model's C(config.json) (a local file, or that one file from the Hugging Face hub) and checks a
+  - Reads the model's C(config.json) (a local file, or that one file from the Hugging Face hub or the fleet's
+    mirror) and checks a
     tensor/pipeline/data/expert parallel layout of a catalog entry against it and against the host's GPU facts.
   - "Rules: attention heads divisible by TP; KV heads divisible by TP, or TP a multiple of them (replication);
     the intermediate shards of routed experts, shared experts and dense MLPs are multiples of the checkpoint's
@@ -56,10 +57,16 @@ options:
     description: Token for gated or private repositories; sent as a bearer token, never returned or logged.
     type: str
   hub_endpoint:
-    description: The hub's address, for a mirror; defaults to the E(HF_ENDPOINT) variable, else C(https://huggingface.co).
+    description: The hub's address, or a hub-compatible proxy's; defaults to the E(HF_ENDPOINT) variable, else
+      C(https://huggingface.co).
+    type: str
+  mirror:
+    description:
+      - Read C(config.json) of O(hub_repo) from this mirror instead of the hub, from C(MIRROR/owner/name), as
+        P(llmops.vllm.model_weights#module) fetches the weights: an http(s) URL, or a path the host mounts.
     type: str
   timeout:
-    description: Seconds the hub may take to answer.
+    description: Seconds the hub or the mirror may take to answer.
     type: int
     default: 30
   gpus:
@@ -193,14 +200,13 @@ passing_layouts:
 import glob
 import json
 import os
-from urllib.parse import quote
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.urls import fetch_url
 
 from ansible_collections.llmops.vllm.plugins.module_utils._catalog import DERIVED_KEYS, CatalogError, check_entry
 from ansible_collections.llmops.vllm.plugins.module_utils._planner import GIB, PlanInputError, failure_message, plan
 from ansible_collections.llmops.vllm.plugins.module_utils._serve_command import ServeSpecError
+from ansible_collections.llmops.vllm.plugins.module_utils._weights import WeightsError, open_source, read_source_json
 
 DEFAULT_HUB = "https://huggingface.co"
 
@@ -216,20 +222,19 @@ def read_local_config(path):
 
 
 def fetch_hub_config(module):
+    """config.json alone, from the mirror when one is set, else from the hub."""
     params = module.params
-    endpoint = (params["hub_endpoint"] or os.environ.get("HF_ENDPOINT") or DEFAULT_HUB).rstrip("/")
-    # A revision like refs/pr/1 is one path segment for the hub.
-    url = f"{endpoint}/{params['hub_repo']}/resolve/{quote(params['hub_revision'], safe='')}/config.json"
-    headers = {"Authorization": f"Bearer {params['hub_token']}"} if params["hub_token"] else {}
-    response, info = fetch_url(module, url, headers=headers, timeout=params["timeout"])
-    where = f"config.json of {params['hub_repo']} at {params['hub_revision']} ({url})"
-    if info["status"] != 200:
-        hint = " (a gated or private repository: set hub_token)" if info["status"] in (401, 403) else ""
-        module.fail_json(msg=f"Cannot fetch {where}: HTTP {info['status']} {info.get('msg', '')}{hint}", url=url)
+    endpoint = params["hub_endpoint"] or os.environ.get("HF_ENDPOINT") or DEFAULT_HUB
+    source = open_source(
+        params["hub_repo"], params["hub_revision"], params["mirror"], endpoint, params["hub_token"], params["timeout"]
+    )
     try:
-        return json.loads(response.read())
-    except ValueError as error:
-        module.fail_json(msg=f"{where} is not JSON: {error}", url=url)
+        return read_source_json(source, "config.json")
+    except WeightsError as error:
+        hint = " (a gated or private repository: set hub_token)" if error.status in (401, 403) else ""
+        module.fail_json(
+            msg=f"Cannot read config.json of {params['hub_repo']} at {params['hub_revision']}: {error}{hint}"
+        )
 
 
 def main():
@@ -242,6 +247,7 @@ def main():
             "hub_revision": {"type": "str", "default": "main"},
             "hub_token": {"type": "str", "no_log": True},
             "hub_endpoint": {"type": "str"},
+            "mirror": {"type": "str"},
             "timeout": {"type": "int", "default": 30},
             "gpus": {"type": "dict"},
             "layout": {"type": "raw", "default": "default"},

@@ -49,7 +49,7 @@ def test_user_entry_with_a_layout_that_cannot_load_fails_at_the_plan(tmp_path, h
     facts.write_text(json.dumps({"vllm_gpus": pcie_box()}))
     proc = deploy(
         tmp_path, "-e", "model=my_minimax", "-e", f"vllm_catalog_paths={catalog}",
-        "-e", f"vllm_hub_endpoint={endpoint}", "-e", f"@{facts}",
+        "-e", f"vllm_weights_hub_endpoint={endpoint}", "-e", f"@{facts}",
     )  # fmt: skip
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0, output

@@ -119,3 +119,23 @@ def test_a_pull_request_revision_is_one_path_segment(run, hub_server, config, en
         "status": "pass",
         "detail": "196608 of the model's 196608 positions",
     }
+
+
+def test_with_a_mirror_the_config_comes_from_the_mirror_not_the_hub(run, hub_server, config, entry, seed_box):
+    # The weights will come from MIRROR/owner/name: so does the config, and the hub is never asked.
+    mirror, requests = hub_server(
+        {"/models/MiniMaxAI/MiniMax-M2.5/config.json": json.dumps(config("MiniMax-M2.5")).encode()}
+    )
+    args = {"model": entry("minimax_m25"), "hub_repo": "MiniMaxAI/MiniMax-M2.5", "gpus": seed_box}
+    result = run({**args, "mirror": f"{mirror}/models/", "hub_endpoint": "http://127.0.0.1:9"})
+    assert [request["path"] for request in requests] == ["/models/MiniMaxAI/MiniMax-M2.5/config.json"]
+    assert result["layout"] == {"tensor_parallel_size": 4}
+
+
+def test_a_mounted_mirror_is_read_as_files(run, tmp_path, config, entry):
+    (tmp_path / "MiniMaxAI" / "MiniMax-M2.5").mkdir(parents=True)
+    (tmp_path / "MiniMaxAI" / "MiniMax-M2.5" / "config.json").write_text(json.dumps(config("MiniMax-M2.5")))
+    args = {"model": entry("minimax_m25"), "hub_repo": "MiniMaxAI/MiniMax-M2.5", "mirror": str(tmp_path)}
+    assert run(args)["checks"][0]["rule"] == "max_model_len"
+    missing = run({**args, "hub_repo": "MiniMaxAI/Absent"}, fails=True)
+    assert missing["msg"].startswith("Cannot read config.json of MiniMaxAI/Absent at main: cannot read config.json:")
