@@ -20,6 +20,10 @@
 #   LLMOPS_LOCAL_TMPFS    size-limited tmpfs mounts in the container, "DIR:SIZE ..." (e.g.
 #                         "/srv/small:1m"): a small filesystem for tests of disk-space checks,
 #                         which root in the container cannot mount without CAP_SYS_ADMIN
+#   LLMOPS_LOCAL_CPUS     the most CPUs the container may use (e.g. 1.5; default: no limit), applied
+#                         at every `up`. vLLM's CPU build under load takes every core, and on a
+#                         small machine a process started beside it (podman exec, ansible) then
+#                         waits minutes for a core; a limit keeps part of a core for them
 #   LLMOPS_DEBIAN_MIRROR  Debian mirror for the image (default: the host's apt source for bookworm)
 #   LLMOPS_LOCAL_SYS_ADMIN=1  add CAP_SYS_ADMIN to the container. Without it
 #                         systemd cannot create mount namespaces and silently
@@ -41,6 +45,7 @@ readonly PORT=${LLMOPS_LOCAL_PORT-8000}
 readonly SYS_ADMIN=${LLMOPS_LOCAL_SYS_ADMIN:-0}
 readonly TMPFS=${LLMOPS_LOCAL_TMPFS:-}
 readonly TMPFS_LABEL=io.llmops-vllm.tmpfs
+readonly CPUS=${LLMOPS_LOCAL_CPUS:-}
 readonly BOOT_TIMEOUT=60
 readonly PACKAGES=(podman runc debootstrap python3)
 # python3-apt lets Ansible's apt module run in check mode.
@@ -295,8 +300,14 @@ start_container() {
     "$IMAGE" /sbin/init >/dev/null
 }
 
+# The CPU limit changes on a running container: it needs no new one. 0 lifts an earlier limit.
+limit_cpus() {
+  podman update --cpus "${CPUS:-0}" "$NAME" >/dev/null
+}
+
 cmd_up() {
   local start=$SECONDS
+  [[ -z $CPUS || $CPUS =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "LLMOPS_LOCAL_CPUS: '$CPUS' is not a number of CPUs (e.g. 1.5)"
   ensure_packages
   ensure_image
   ensure_runtime
@@ -315,7 +326,8 @@ cmd_up() {
   fi
   if container_running; then
     if [[ $(systemd_state) == running ]]; then
-      log "$NAME already up (systemd running)"
+      limit_cpus
+      log "$NAME already up (systemd running${CPUS:+, at most $CPUS CPUs})"
       return
     fi
   elif container_exists; then
@@ -326,7 +338,8 @@ cmd_up() {
     start_container
   fi
   wait_for_systemd
-  log "$NAME up, systemd running ($((SECONDS - start)) s)"
+  limit_cpus
+  log "$NAME up, systemd running${CPUS:+, at most $CPUS CPUs} ($((SECONDS - start)) s)"
 }
 
 cmd_down() {

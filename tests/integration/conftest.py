@@ -47,11 +47,7 @@ class LocalHost:
         return proc
 
     def spawn(self, script: str) -> None:
-        """Start a bash script on the host in the background, as a transient systemd service.
-
-        Not `podman exec --detach`: while such an exec session runs, podman holds back the connection's own
-        calls, so a module sent meanwhile starts only when the script ends.
-        """
+        """Start a bash script on the host in the background, as a transient systemd service."""
         self.sh(f"systemd-run --quiet --collect bash -c {shlex.quote(script)}", timeout=60)
 
     def module(self, module_name: str, /, *, check_mode: bool = False, python: str = "", **args) -> dict:
@@ -83,8 +79,16 @@ class LocalHost:
 @pytest.fixture(scope="session")
 def local_host(tmp_path_factory) -> LocalHost:
     name = os.environ.get("LLMOPS_TEST_HOST", "llmops-vllm-it")
-    # /srv/small: a filesystem smaller than the tiny model, for the disk-space check of the weights.
-    env = {**os.environ, "LLMOPS_LOCAL_NAME": name, "LLMOPS_LOCAL_PORT": "", "LLMOPS_LOCAL_TMPFS": SMALL_FS + ":1m"}
+    env = {
+        **os.environ,
+        "LLMOPS_LOCAL_NAME": name,
+        "LLMOPS_LOCAL_PORT": "",
+        # A filesystem smaller than the tiny model, for the disk-space check of the weights.
+        "LLMOPS_LOCAL_TMPFS": SMALL_FS + ":1m",
+        # Half a core kept free: while tiny streams on every core, each podman exec (and so each module
+        # call) otherwise waits minutes for one on a 2-core machine.
+        "LLMOPS_LOCAL_CPUS": str(max(1.0, (os.cpu_count() or 1) - 0.5)),
+    }
     subprocess.run([LOCAL_HOST, "up"], check=True, env=env)
     inventory = tmp_path_factory.mktemp("inventory") / "hosts.yml"
     host_vars = {

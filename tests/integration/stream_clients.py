@@ -17,7 +17,7 @@ import time
 import urllib.parse
 
 # A thread never runs longer than this, whatever the server does.
-GIVE_UP_AFTER = 300
+GIVE_UP_AFTER = 120
 
 
 def request(url, model, api_key, max_tokens, record):

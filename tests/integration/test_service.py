@@ -16,8 +16,7 @@ DROP_IN = f"/etc/systemd/system/{UNIT}.d/test.conf"
 CLIENT = Path(__file__).with_name("stream_clients.py")
 # Tokens per streamed request: 3 streams of 500 take about 1 s on 2 cores, well inside tiny's 10 s drain.
 STREAM_TOKENS = 500
-# Streams kept going at once. More saturate a 2-core host until podman exec, and so the module's own
-# start, waits for minutes.
+# Streams kept going at once.
 STREAMS = 3
 
 
