@@ -63,7 +63,8 @@ options:
   mirror:
     description:
       - Read C(config.json) of O(hub_repo) from this mirror instead of the hub, from C(MIRROR/owner/name), as
-        P(llmops.vllm.model_weights#module) fetches the weights: an http(s) URL, or a path the host mounts.
+        P(llmops.vllm.model_weights#module) fetches the weights.
+      - An http(s) URL, or a path that the host mounts.
     type: str
   timeout:
     description: Seconds the hub or the mirror may take to answer.
