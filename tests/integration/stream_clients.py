@@ -3,9 +3,9 @@
 usage: python3 stream_clients.py BASE_URL MODEL API_KEY COUNT MAX_TOKENS OUTPUT_JSON   (stdlib only)
 
 Each of COUNT threads sends one request after another and stops after the first one that does not complete
-(the server refused it, or cut it off). OUTPUT_JSON.streaming appears once every thread has received a chunk;
-OUTPUT_JSON then lists every request: HTTP status, chunks, completion tokens (from the usage chunk at the end),
-whether [DONE] came, the finish reason, the error if any.
+with all MAX_TOKENS tokens (the server refused it, or cut it off). OUTPUT_JSON.streaming appears once every
+thread has received a chunk; OUTPUT_JSON then lists every request: HTTP status, chunks, completion tokens
+(from the usage chunk at the end), whether [DONE] came, the finish reason, the error if any.
 """
 
 import http.client
@@ -60,7 +60,7 @@ def keep_streaming(url, model, api_key, max_tokens, records):
         record = {"status": None, "chunks": 0, "tokens": None, "done": False, "finish_reason": None, "error": None}
         records.append(record)
         request(url, model, api_key, max_tokens, record)
-        if not record["done"]:
+        if record["tokens"] != max_tokens:
             return
 
 

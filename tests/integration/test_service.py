@@ -202,8 +202,11 @@ def test_without_drain_in_flight_requests_are_aborted_and_reported(careless_unit
     start_streams(careless_unit, STREAMS, "/tmp/aborted.json")
     result = succeeded(service(careless_unit, "stopped"))
     records = stream_records(careless_unit, "/tmp/aborted.json")
-    cut_off = [record for record in records if record["chunks"] and not record["done"]]
-    assert result["stop"]["drain"] is None and result["stop"]["aborted_requests"] >= len(cut_off) >= 1
+    # Begun but not finished: vLLM closes some such streams with an error event and [DONE], others not at all.
+    cut_off = [record for record in records if record["chunks"] and record["tokens"] != STREAM_TOKENS]
+    print(f"stop without drain: {result['stop']['aborted_requests']} aborted, {len(cut_off)} streams cut off")
+    assert result["stop"]["drain"] is None, result["stop"]
+    assert result["stop"]["aborted_requests"] >= len(cut_off) >= 1, (result["stop"], records[-STREAMS:])
     assert f"{result['stop']['aborted_requests']} requests aborted" in result["msg"]
     assert all(record["tokens"] is None for record in cut_off)
 
