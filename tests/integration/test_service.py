@@ -131,6 +131,7 @@ def test_idle_stop_returns_when_vllm_exits_and_start_splits_its_time(serving):
     # The wait after `systemctl stop` ends within a poll or two of what systemd records for the stop.
     times = unit_show(serving, "ActiveExitTimestampMonotonic", "InactiveEnterTimestampMonotonic")
     vllm_exit = (int(times["InactiveEnterTimestampMonotonic"]) - int(times["ActiveExitTimestampMonotonic"])) / 1e6
+    print(f"idle stop: {stop['elapsed']} s, vLLM's own exit as systemd records it {vllm_exit:.2f} s")
     assert vllm_exit - 0.5 <= stop["terminate"]["elapsed"] < vllm_exit + 1.0, (vllm_exit, stop)
 
     again = succeeded(service(serving, "stopped"))
@@ -138,6 +139,7 @@ def test_idle_stop_returns_when_vllm_exits_and_start_splits_its_time(serving):
 
     started = succeeded(service(serving, "started", load_timeout=300))
     start = started["start"]
+    print(f"start: systemd {start['systemd_start']} s, model load {start['load']} s")
     assert started["changed"] and started["active_state"] == "active"
     assert start["systemd_start"] < 5 < start["load"]
     assert start["elapsed"] == pytest.approx(start["systemd_start"] + start["load"], abs=0.01)
@@ -147,6 +149,7 @@ def test_idle_stop_returns_when_vllm_exits_and_start_splits_its_time(serving):
 def test_drained_stop_lets_in_flight_requests_complete(serving):
     start_streams(serving, STREAMS, "/tmp/drained.json")
     stop = succeeded(service(serving, "stopped"))["stop"]  # the server's own --shutdown-timeout 10
+    print(f"drained stop: {stop['in_flight']} in flight, drain {stop['drain']}, stop {stop['elapsed']} s")
     assert stop["in_flight"] >= 1 and stop["drain"]["remaining"] == 0
     assert stop["aborted_requests"] == 0 and not stop["escalated"]
     records = stream_records(serving, "/tmp/drained.json")
@@ -169,6 +172,7 @@ def test_hung_unit_is_killed_at_stop_timeout(local_host):
     try:
         result = local_host.module("llmops.vllm.vllm_service", name=hang, state="stopped", stop_timeout=3)
         stop = succeeded(result)["stop"]
+        print(f"hung unit, stop_timeout 3: stopped in {stop['elapsed']} s, killed {stop['killed']}")
         assert stop["escalated"] and len(stop["killed"]) == 2 and stop["cgroup_empty"]
         assert 3 <= stop["elapsed"] < 3 + 2
         assert result["active_state"] in ("inactive", "failed")
