@@ -13,7 +13,11 @@ Both clients run with the vLLM venv's python on the host and random 128-token pr
 tokenizer (vLLM's random dataset; vllm_bench's tokenizer prompts), ignore_eos, and one warm-up request
 (`vllm bench serve` sends its ready check; vllm_bench gets warmup_requests: 1).
 
+With --client-cpu N both clients run alone on CPU N (taskset), so that the server's speed does not depend on
+what each client costs; pin the server off that CPU first (CPUAffinity= in a drop-in of its unit).
+
 usage: python benchmarks/compare_vllm_bench.py -i INVENTORY HOST [--rounds 3] [--levels 1:32 8:128 32:256]
+                                               [--client-cpu N]
 (run from the repository root with the venv's ansible on PATH and ANSIBLE_COLLECTIONS_PATH set, as make does)
 """
 
@@ -50,13 +54,28 @@ def api_key(args, host):
     return api_key_from(base64.b64decode(content).decode())
 
 
+PINNED_PYTHON = "/tmp/llmops-compare-pinned-python"
+
+
+def pin_clients(args, host):
+    """Write the interpreter wrapper that runs both clients on --client-cpu alone."""
+    wrapper = f'#!/bin/sh\nexec taskset -c {args.client_cpu} {args.python} "$@"\n'
+    ansible(args, host, "ansible.builtin.copy", json.dumps({"dest": PINNED_PYTHON, "content": wrapper, "mode": "0755"}))
+
+
+def client_python(args):
+    return PINNED_PYTHON if args.client_cpu is not None else args.python
+
+
 def run_vllm_bench_serve(args, host, concurrency, requests, seed):
     bench_args = (
         f"--backend openai --base-url {args.url} --endpoint /v1/completions --model {args.model_path}"
         f" --served-model-name {args.model} --dataset-name random --random-input-len {args.input_len}"
         f" --random-output-len {args.output_len} --ignore-eos --num-warmups 0 --disable-tqdm"
     )
-    script = f"{HELPER} {args.env_file} {concurrency}:{requests}:{seed} -- {bench_args} executable={args.python}"
+    script = (
+        f"{HELPER} {args.env_file} {concurrency}:{requests}:{seed} -- {bench_args} executable={client_python(args)}"
+    )
     stdout = ansible(args, host, "ansible.builtin.script", script)["stdout"]
     return next(json.loads(line) for line in stdout.splitlines() if line.startswith('{"max_concurrency"'))
 
@@ -75,7 +94,11 @@ def run_vllm_bench(args, host, concurrency, requests, seed, key):
         "seed": seed,
     }
     result = ansible(
-        args, host, "llmops.vllm.vllm_bench", json.dumps(module_args), {"ansible_python_interpreter": args.python}
+        args,
+        host,
+        "llmops.vllm.vllm_bench",
+        json.dumps(module_args),
+        {"ansible_python_interpreter": client_python(args)},
     )
     assert result["prompt_source"] == "tokenizer", result["prompt_source"]
     return result["levels"][0]
@@ -98,12 +121,20 @@ def main():
     parser.add_argument("--python", default="/opt/vllm/venv/bin/python")
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument(
+        "--client-cpu",
+        type=int,
+        help="run both clients on this CPU alone (taskset); pin the server off it, e.g. CPUAffinity= in a drop-in",
+    )
     args = parser.parse_args()
 
     key = api_key(args, args.host)
+    if args.client_cpu is not None:
+        pin_clients(args, args.host)
     print(
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, host {args.host}: {args.rounds} rounds, levels"
-        f" (concurrency:requests) {' '.join(args.levels)}; client and server share the machine's cores"
+        f" (concurrency:requests) {' '.join(args.levels)}; "
+        + (f"clients on CPU {args.client_cpu}" if args.client_cpu is not None else "client and server share the cores")
     )
     runs = {"vllm bench serve": {}, "vllm_bench": {}}
     for round_number in range(args.rounds):
