@@ -207,9 +207,12 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.llmops.vllm.plugins.module_utils._catalog import DERIVED_KEYS, CatalogError, check_entry
 from ansible_collections.llmops.vllm.plugins.module_utils._planner import GIB, PlanInputError, failure_message, plan
 from ansible_collections.llmops.vllm.plugins.module_utils._serve_command import ServeSpecError
-from ansible_collections.llmops.vllm.plugins.module_utils._weights import WeightsError, open_source, read_source_json
-
-DEFAULT_HUB = "https://huggingface.co"
+from ansible_collections.llmops.vllm.plugins.module_utils._weights import (
+    HUB_ENDPOINT,
+    WeightsError,
+    open_source,
+    read_source_json,
+)
 
 
 def read_local_config(path):
@@ -225,7 +228,7 @@ def read_local_config(path):
 def fetch_hub_config(module):
     """config.json alone, from the mirror when one is set, else from the hub."""
     params = module.params
-    endpoint = params["hub_endpoint"] or os.environ.get("HF_ENDPOINT") or DEFAULT_HUB
+    endpoint = params["hub_endpoint"] or os.environ.get("HF_ENDPOINT") or HUB_ENDPOINT
     source = open_source(
         params["hub_repo"], params["hub_revision"], params["mirror"], endpoint, params["hub_token"], params["timeout"]
     )
