@@ -27,6 +27,8 @@ SHOW_PROPERTIES = (
     "ExecStart",
     "InvocationID",
     "DropInPaths",
+    "UnitFileState",
+    "ActiveEnterTimestampMonotonic",
 )
 # Where drop-ins of a unit may lie (NAME.d/*.conf), in systemd's order of precedence.
 UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/usr/local/lib/systemd/system", "/usr/lib/systemd/system")
@@ -59,6 +61,8 @@ class UnitState:
     exec_start: str
     invocation_id: str
     drop_in_paths: tuple[str, ...] = ()
+    unit_file_state: str = ""  # enabled, disabled, static, masked, ...; empty when systemd did not say
+    active_since_us: int = 0  # CLOCK_MONOTONIC microseconds of the last entry into the active state; 0 if never
 
     @property
     def exists(self) -> bool:
@@ -108,6 +112,8 @@ def parse_show(name: str, text: str) -> UnitState:
         exec_start=values.get("ExecStart", ""),
         invocation_id=values.get("InvocationID", ""),
         drop_in_paths=tuple(values.get("DropInPaths", "").split()),
+        unit_file_state=values.get("UnitFileState", ""),
+        active_since_us=number("ActiveEnterTimestampMonotonic"),
     )
 
 

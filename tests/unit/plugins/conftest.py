@@ -1,9 +1,11 @@
 """Fixtures shared by the tests of module_utils and of modules: a real idle process, the GPU facts of the two
-kinds of hosts the planner is tested against, and the real model configs."""
+kinds of hosts the planner is tested against, the real model configs, and a real HTTP server on loopback."""
 
+import http.server
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -82,3 +84,37 @@ def idle_process():
     yield child
     child.kill()
     child.wait()
+
+
+class _Server(http.server.BaseHTTPRequestHandler):
+    """Answers GETs from its server's `routes`: path -> (status, body), or a function of the request headers
+    that returns them. Logs the paths asked."""
+
+    def do_GET(self):
+        self.server.asked.append(self.path)
+        route = self.server.routes.get(self.path, (404, "Not Found"))
+        status, body = route(self.headers) if callable(route) else route
+        self.send_response(status)
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def serve():
+    """`serve(routes)` starts a server on 127.0.0.1 and an ephemeral port; returns (url, paths asked)."""
+    servers = []
+
+    def start(routes):
+        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Server)
+        httpd.routes, httpd.asked = routes, []
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        servers.append(httpd)
+        return f"http://127.0.0.1:{httpd.server_address[1]}", httpd.asked
+
+    yield start
+    for httpd in servers:
+        httpd.shutdown()
+        httpd.server_close()

@@ -1,6 +1,4 @@
-import http.server
 import json
-import threading
 
 import pytest
 
@@ -53,30 +51,16 @@ def test_served_models():
     assert served_models("<html>") == [] and served_models('{"error": "x"}') == []
 
 
-class _Server(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        if self.path == "/metrics":
-            self._reply(200, METRICS)
-        elif self.headers.get("Authorization") != "Bearer sesame":
-            self._reply(401, '{"error": "Unauthorized"}')
-        else:
-            self._reply(200, json.dumps({"data": [{"id": "tiny"}]}))
-
-    def _reply(self, status, body):
-        self.send_response(status)
-        self.end_headers()
-        self.wfile.write(body.encode())
-
-    def log_message(self, *args):
-        pass
+def models(headers):
+    if headers.get("Authorization") != "Bearer sesame":
+        return 401, '{"error": "Unauthorized"}'
+    return 200, json.dumps({"data": [{"id": "tiny"}]})
 
 
 @pytest.fixture
-def server():
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Server)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
+def server(serve):
+    url, _asked = serve({"/metrics": (200, METRICS), "/v1/models": models})
+    return url
 
 
 def test_get_sends_the_key_and_returns_error_statuses(server):

@@ -1,0 +1,346 @@
+#!/usr/bin/python
+# Copyright: llmops.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: vllm_instance_info
+short_description: List the vLLM instances of a host, each with its unit's state and its server's load
+version_added: 0.2.0
+author: llmops.vllm contributors (@llmops-vllm)
+description:
+  - Reads the instance records that the C(vllm_server) role writes, one C(INSTANCE.json) per instance in
+    O(config_dir), and returns each record's fields with the live state of the instance.
+  - From systemd, through C(systemctl show), the unit's active and sub state, whether it is enabled, its main
+    PID, and how long it has been active.
+  - From the server, when the unit is active and O(metrics) is true, whether C(/health) answers 200 and, from
+    C(/metrics), the requests running and waiting in the engine and the fraction of the KV cache in use.
+    Both paths are open without the API key.
+  - Only the C(*.json) records are opened. The C(INSTANCE.env) files beside them hold secrets and are never
+    read.
+  - A record that is not valid JSON, or lacks C(instance), C(unit) or C(port), fails the module with the
+    file's name, whichever instances O(instances) asks for. A host without O(config_dir) has no instance,
+    which is no failure.
+extends_documentation_fragment:
+  - llmops.vllm.attributes
+attributes:
+  check_mode:
+    support: full
+    details: It only reads, so it runs in check mode like in a normal run.
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+options:
+  config_dir:
+    description: Where the instance records lie.
+    type: path
+    default: /etc/vllm
+  instances:
+    description:
+      - Report only these instances, by name. A name without a record fails the module, which lists the
+        instances that have one.
+      - All of them by default.
+    type: list
+    elements: str
+  metrics:
+    description: Ask each active instance's server for C(/health) and C(/metrics).
+    type: bool
+    default: true
+  timeout:
+    description: Seconds that each HTTP request to a server may take.
+    type: float
+    default: 2.0
+seealso:
+  - module: llmops.vllm.vllm_service
+"""
+
+EXAMPLES = r"""
+- name: List the instances of the host
+  llmops.vllm.vllm_instance_info:
+  register: vllm_info
+
+- name: Show which instances serve and how loaded they are
+  ansible.builtin.debug:
+    msg: >-
+      {{ item.instance }} ({{ item.unit }}) {{ item.active_state }}, serving {{ item.serving }},
+      {{ item.requests_running }} running, {{ item.requests_waiting }} waiting
+  loop: "{{ vllm_info.instances }}"
+  loop_control:
+    label: "{{ item.instance }}"
+
+- name: Read the units of two instances only, without asking their servers
+  llmops.vllm.vllm_instance_info:
+    instances: [tiny, minimax_m25]
+    metrics: false
+"""
+
+RETURN = r"""
+instances:
+  description:
+    - The instances that have a record, sorted by name, or only those asked for in O(instances).
+    - Each holds the record's own fields (C(instance), C(unit), C(model), C(served_name), C(port), C(url),
+      C(gpus), C(model_path), C(vllm_version), C(python), C(layout), as far as the record has them) and the live
+      fields below.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    instance:
+      description: The instance's name, from its record.
+      type: str
+    unit:
+      description: The instance's systemd unit, from its record.
+      type: str
+    port:
+      description: The port its server listens on, from its record.
+      type: int
+    gpus:
+      description: The GPU indexes the instance uses, from its record; empty when it uses all GPUs or the host has none.
+      type: list
+      elements: int
+    active_state:
+      description: The unit's ActiveState, or V(not-found) when systemd has no unit file for it.
+      type: str
+    sub_state:
+      description: The unit's SubState.
+      type: str
+    enabled:
+      description: Whether the unit's UnitFileState is V(enabled), that is it starts at boot.
+      type: bool
+    main_pid:
+      description: The unit's main PID; V(0) when no main process runs.
+      type: int
+    uptime:
+      description:
+        - Seconds since the unit became active, to 0.1 s; null when it is not active.
+        - From systemd's ActiveEnterTimestampMonotonic and this host's monotonic clock, so a change of the
+          wall clock does not alter it.
+      type: float
+    serving:
+      description:
+        - Whether the server's C(/health) answered 200.
+        - Null when the server was not asked (the unit is not active, or O(metrics=false)).
+      type: bool
+    requests_running:
+      description:
+        - Requests in the engine's running batches (C(vllm:num_requests_running)), summed over its label
+          sets (engines, models).
+        - Null when not asked, or when C(/metrics) did not answer or lacks the metric.
+      type: int
+    requests_waiting:
+      description: Requests queued in the engine (C(vllm:num_requests_waiting)), summed and null as above.
+      type: int
+    kv_cache_usage:
+      description:
+        - The fraction of the KV cache in use, from 0 to 1 (C(vllm:kv_cache_usage_perc), which vLLM reports
+          as a fraction despite its name).
+        - With several engines (data parallelism) each reports its own cache; this is the fullest one's
+          fraction, the largest over the label sets, so that it stays a fraction.
+        - Null as above.
+      type: float
+  sample:
+    - instance: tiny
+      unit: vllm-tiny.service
+      model: tiny
+      served_name: tiny
+      port: 8000
+      url: http://127.0.0.1:8000
+      gpus: [0, 1]
+      model_path: /var/lib/vllm/models/tiny
+      vllm_version: 0.32.0
+      python: /opt/vllm/venv/bin/python
+      layout: {"tensor_parallel_size": 1}
+      active_state: active
+      sub_state: running
+      enabled: true
+      main_pid: 4242
+      uptime: 3605.2
+      serving: true
+      requests_running: 3
+      requests_waiting: 0
+      kv_cache_usage: 0.12
+"""
+
+import json
+import math
+import os
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.llmops.vllm.plugins.module_utils._unit import Unit, UnitError, UnitState
+from ansible_collections.llmops.vllm.plugins.module_utils._vllm_api import (
+    KV_CACHE_USAGE,
+    REQUESTS_RUNNING,
+    REQUESTS_WAITING,
+    check_base_url,
+    get,
+    metric_total,
+)
+from ansible_collections.llmops.vllm.plugins.module_utils._wait import positive_seconds
+
+RECORD_SUFFIX = ".json"
+REQUIRED_FIELDS = ("instance", "unit", "port")
+NOT_ASKED = {"serving": None, "requests_running": None, "requests_waiting": None, "kv_cache_usage": None}
+
+
+class RecordError(Exception):
+    """An instance record cannot be used."""
+
+
+def read_record(path: str) -> dict:
+    """One instance record, checked; RecordError names the file and what is wrong with it."""
+    fix = "the vllm_server role writes it: deploy the instance again, or remove the file if it is gone"
+    try:
+        with open(path, encoding="utf-8") as record_file:
+            record = json.load(record_file)
+    except OSError as error:
+        raise RecordError(f"Cannot read the instance record {path}: {error.strerror or error}") from error
+    except ValueError as error:
+        raise RecordError(f"The instance record {path} is not valid JSON ({error}); {fix}") from error
+    if not isinstance(record, dict):
+        raise RecordError(f"The instance record {path} holds a {type(record).__name__}, not an object; {fix}")
+    missing = [field for field in REQUIRED_FIELDS if field not in record]
+    if missing:
+        raise RecordError(f"The instance record {path} lacks {', '.join(missing)}; {fix}")
+    for field in ("instance", "unit"):
+        if not isinstance(record[field], str) or not record[field]:
+            raise RecordError(f"The instance record {path} has {field} {record[field]!r}, not a name; {fix}")
+    port = record["port"]
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise RecordError(f"The instance record {path} has port {port!r}, not a port number; {fix}")
+    try:
+        check_base_url(server_url(record))
+    except ValueError as error:
+        raise RecordError(f"The instance record {path} cannot be used: {error}; {fix}") from error
+    return record
+
+
+def read_records(config_dir: str) -> list[dict]:
+    """The records of every instance in config_dir, sorted by instance name; [] without the directory."""
+    if not os.path.exists(config_dir):
+        return []
+    if not os.path.isdir(config_dir):
+        raise RecordError(f"config_dir {config_dir} is not a directory")
+    # Only the records are opened: the INSTANCE.env files beside them hold secrets.
+    paths = [os.path.join(config_dir, entry) for entry in sorted(os.listdir(config_dir))]
+    found = {}
+    for path in paths:
+        if path.endswith(RECORD_SUFFIX) and os.path.isfile(path):
+            record = read_record(path)
+            if record["instance"] in found:
+                first = found[record["instance"]][0]
+                raise RecordError(f"The instance records {first} and {path} both name instance {record['instance']}")
+            found[record["instance"]] = (path, record)
+    return [found[name][1] for name in sorted(found)]
+
+
+def choose(records: list[dict], names: list[str] | None, config_dir: str) -> list[dict]:
+    """The records of the instances asked for; RecordError names those without one."""
+    if names is None:
+        return records
+    known = [record["instance"] for record in records]
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        here = ", ".join(known) if known else "none"
+        raise RecordError(
+            f"No instance record for {', '.join(unknown)} in {config_dir}; the instances here are: {here}"
+        )
+    return [record for record in records if record["instance"] in names]
+
+
+def server_url(record: dict) -> str:
+    return record.get("url") or f"http://127.0.0.1:{record['port']}"
+
+
+def uptime(state: UnitState, now: float) -> float | None:
+    """Seconds since the unit became active, or None when it is not; `now` is time.monotonic()."""
+    if not state.exists or state.active_state != "active" or not state.active_since_us:
+        return None
+    return round(max(0.0, now - state.active_since_us / 1e6), 1)
+
+
+def unit_fields(state: UnitState, now: float) -> dict:
+    return {
+        "active_state": state.active_state if state.exists else "not-found",
+        "sub_state": state.sub_state,
+        "enabled": state.unit_file_state == "enabled",
+        "main_pid": state.main_pid,
+        "uptime": uptime(state, now),
+    }
+
+
+def finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def metric_fields(metrics_text: str) -> dict:
+    """Requests running and waiting (summed) and KV cache usage (the largest) from /metrics; None if absent."""
+    fields = {}
+    for key, name in (("requests_running", REQUESTS_RUNNING), ("requests_waiting", REQUESTS_WAITING)):
+        try:
+            total = finite(metric_total(metrics_text, name))
+        except ValueError:  # a sample whose value is not a number
+            total = None
+        fields[key] = None if total is None else int(total)
+    # Each line alone, so that each label set (engine) is one value: their sum would not be a fraction.
+    try:
+        usages = [finite(metric_total(line, KV_CACHE_USAGE)) for line in metrics_text.splitlines()]
+    except ValueError:
+        usages = []
+    usages = [usage for usage in usages if usage is not None]
+    fields["kv_cache_usage"] = max(usages) if usages else None
+    return fields
+
+
+def server_fields(url: str, timeout: float) -> dict:
+    """What the server says on /health and /metrics; None for what it did not say."""
+    health = get(url, "/health", timeout=timeout)
+    fields = {**NOT_ASKED, "serving": health.status == 200}
+    if health.status is None:  # nothing answers: /metrics would only wait out the timeout again
+        return fields
+    metrics = get(url, "/metrics", timeout=timeout)
+    if metrics.status == 200:
+        fields.update(metric_fields(metrics.body))
+    return fields
+
+
+def describe(record: dict, run_command, metrics: bool, timeout: float) -> dict:
+    """A record with its unit's state and, when the unit is active, its server's."""
+    state = Unit(record["unit"], run_command).state()
+    live = unit_fields(state, time.monotonic())
+    active = live["active_state"] == "active"
+    server = server_fields(check_base_url(server_url(record)), timeout) if active and metrics else NOT_ASKED
+    return {**record, **live, **server}
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "config_dir": {"type": "path", "default": "/etc/vllm"},
+            "instances": {"type": "list", "elements": "str"},
+            "metrics": {"type": "bool", "default": True},
+            "timeout": {"type": "float", "default": 2.0},
+        },
+        supports_check_mode=True,
+    )
+    config_dir = module.params["config_dir"]
+    try:
+        timeout = positive_seconds(module.params["timeout"], "timeout")
+    except ValueError as error:
+        module.fail_json(msg=str(error))
+    try:
+        records = choose(read_records(config_dir), module.params["instances"], config_dir)
+    except RecordError as error:
+        module.fail_json(msg=str(error))
+    try:
+        instances = [describe(record, module.run_command, module.params["metrics"], timeout) for record in records]
+    except UnitError as error:
+        module.fail_json(msg=f"Reading the state of a vLLM unit failed: {error}")
+    module.exit_json(changed=False, instances=instances)
+
+
+if __name__ == "__main__":
+    main()
