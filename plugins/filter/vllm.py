@@ -1,11 +1,17 @@
 # Copyright: llmops.vllm contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filters that turn a deployment spec into the text of a systemd unit and its EnvironmentFile."""
+"""Filters that turn a deployment spec into the text of a systemd unit and its EnvironmentFile, and
+check the instances of a host for clashes."""
 
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.llmops.vllm.plugins.module_utils._instances import (
+    InstanceError,
+    displaced,
+    normalize,
+)
 from ansible_collections.llmops.vllm.plugins.module_utils._serve_command import (
     ServeSpecError,
     build_serve_args,
@@ -16,13 +22,14 @@ from ansible_collections.llmops.vllm.plugins.module_utils._systemd import (
     environment_file,
     exec_line,
 )
+from ansible_collections.llmops.vllm.plugins.module_utils._table import records_table
 
 
 def _as_filter_error(function):
     def filter_function(*args, **kwargs):
         try:
             return function(*args, **kwargs)
-        except (ServeSpecError, SystemdSyntaxError) as error:
+        except (InstanceError, ServeSpecError, SystemdSyntaxError) as error:
             raise AnsibleFilterError(str(error)) from error
 
     filter_function.__name__ = function.__name__
@@ -37,4 +44,7 @@ class FilterModule:
             "vllm_layout_gpu_count": layout_gpu_count,
             "systemd_exec_line": _as_filter_error(exec_line),
             "systemd_environment_file": _as_filter_error(environment_file),
+            "vllm_instances": _as_filter_error(normalize),
+            "vllm_displaced": _as_filter_error(displaced),
+            "vllm_table": records_table,
         }

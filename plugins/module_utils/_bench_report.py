@@ -12,6 +12,8 @@ import csv
 import io
 import json
 
+from ansible_collections.llmops.vllm.plugins.module_utils._table import markdown_table
+
 # The columns of the per-host Markdown table: (header, field, format).
 MARKDOWN_COLUMNS = (
     ("C", "max_concurrency", "{}"),
@@ -59,26 +61,20 @@ def cell(level: dict, field: str, fmt: str) -> str:
 def host_markdown(host: str, result: dict) -> str:
     """The table of one host's levels, under a line that says what was measured."""
     summary = result["summary"]
-    lines = [
+    title = (
         f"### {host}: {summary['model']} ({summary['endpoint']},"
         f" {summary['input_len']} in / {summary['output_len']} out,"
-        f" {summary['prompt_source']} prompts)",
-        "",
-        "| " + " | ".join(column[0] for column in MARKDOWN_COLUMNS) + " |",
-        "|" + "|".join(["---:"] * len(MARKDOWN_COLUMNS)) + "|",
-    ]
-    for level in result["levels"]:
-        lines.append("| " + " | ".join(cell(level, field, fmt) for _header, field, fmt in MARKDOWN_COLUMNS) + " |")
-    return "\n".join(lines) + "\n"
+        f" {summary['prompt_source']} prompts)"
+    )
+    rows = [[cell(level, field, fmt) for _header, field, fmt in MARKDOWN_COLUMNS] for level in result["levels"]]
+    headers = [column[0] for column in MARKDOWN_COLUMNS]
+    return f"{title}\n\n" + markdown_table(headers, rows, numeric=tuple(range(len(headers))))
 
 
 def fleet_markdown(results: dict) -> str:
     """Host x concurrency: output tokens per second and median TTFT (ms) in each cell; failures when any."""
     levels = sorted({level["max_concurrency"] for result in results.values() for level in result["levels"]})
-    lines = [
-        "| host | " + " | ".join(f"C={concurrency}" for concurrency in levels) + " |",
-        "|---|" + "|".join(["---:"] * len(levels)) + "|",
-    ]
+    rows = []
     for host, result in sorted(results.items()):
         by_concurrency = {level["max_concurrency"]: level for level in result["levels"]}
         cells = []
@@ -89,8 +85,9 @@ def fleet_markdown(results: dict) -> str:
                 continue
             text = f"{level['output_throughput']:.0f} tok/s, TTFT {level['median_ttft_ms']:.0f} ms"
             cells.append(text + (f", {level['failed']} failed" if level["failed"] else ""))
-        lines.append(f"| {host} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append([host, *cells])
+    headers = ["host", *(f"C={concurrency}" for concurrency in levels)]
+    return markdown_table(headers, rows, numeric=tuple(range(1, len(headers))))
 
 
 def plot_png(results: dict) -> bytes:

@@ -29,3 +29,13 @@ def test_errors_become_filter_errors(name, value, message):
 
 def test_gpu_count():
     assert FILTERS["vllm_layout_gpu_count"]({"tensor_parallel_size": 4, "data_parallel_size": 2}) == 8
+
+
+def test_instance_clashes_become_filter_errors():
+    assert FILTERS["vllm_instances"]([{"model": "tiny"}], default_port=9000)[0]["port"] == 9000
+    with pytest.raises(AnsibleFilterError, match="both use port 8000"):
+        FILTERS["vllm_instances"]([{"model": "a"}, {"model": "b"}])
+    new = {"name": "b", "port": 8000, "gpus": []}
+    assert FILTERS["vllm_displaced"](new, [{"instance": "a", "port": 8000, "gpus": []}]) == [
+        {"instance": "a", "port": 8000, "gpus": []}
+    ]
