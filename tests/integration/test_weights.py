@@ -49,10 +49,10 @@ server {{
 
 
 def remove_tiny_mirror(host):
-    """Leave the host as the `deployed` fixture made it: no tiny_mirror unit, weights or EnvironmentFile."""
+    """Leave the host as the `deployed` fixture made it: no tiny_mirror unit, weights, EnvironmentFile or record."""
     host.sh(
         "systemctl disable --now vllm-tiny_mirror.service 2>/dev/null;"
-        " rm -rf /etc/systemd/system/vllm-tiny_mirror.service /etc/vllm/tiny_mirror.env"
+        " rm -rf /etc/systemd/system/vllm-tiny_mirror.service /etc/vllm/tiny_mirror.env /etc/vllm/tiny_mirror.json"
         " /var/lib/vllm/models/tiny_mirror;"
         " systemctl daemon-reload"
     )
