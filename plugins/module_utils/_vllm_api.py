@@ -61,14 +61,20 @@ def served_models(body: str) -> list[str]:
         return []
 
 
-def metric_total(metrics_text: str, name: str) -> float | None:
-    """The sum of a metric over all its label sets (engines, models), or None when absent."""
-    total = None
+def metric_samples(metrics_text: str, name: str) -> list[float]:
+    """The values of a metric, one per label set (engine, model); ValueError for one that is not a number."""
+    samples = []
     for line in metrics_text.splitlines():
         sample = METRIC_SAMPLE.match(line)
         if sample and sample.group(1) == name:
-            total = (total or 0.0) + float(sample.group(2))
-    return total
+            samples.append(float(sample.group(2)))
+    return samples
+
+
+def metric_total(metrics_text: str, name: str) -> float | None:
+    """The sum of a metric over all its label sets (engines, models), or None when absent."""
+    samples = metric_samples(metrics_text, name)
+    return sum(samples) if samples else None
 
 
 def requests_in_engine(base_url: str, timeout: float = 5.0) -> int | None:

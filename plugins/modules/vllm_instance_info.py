@@ -177,6 +177,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._vllm_api import (
     REQUESTS_WAITING,
     check_base_url,
     get,
+    metric_samples,
     metric_total,
 )
 from ansible_collections.llmops.vllm.plugins.module_utils._wait import positive_seconds
@@ -285,9 +286,9 @@ def metric_fields(metrics_text: str) -> dict:
         except ValueError:  # a sample whose value is not a number
             total = None
         fields[key] = None if total is None else int(total)
-    # Each line alone, so that each label set (engine) is one value: their sum would not be a fraction.
+    # One value per label set (engine): their sum would not be a fraction.
     try:
-        usages = [finite(metric_total(line, KV_CACHE_USAGE)) for line in metrics_text.splitlines()]
+        usages = [finite(usage) for usage in metric_samples(metrics_text, KV_CACHE_USAGE)]
     except ValueError:
         usages = []
     usages = [usage for usage in usages if usage is not None]

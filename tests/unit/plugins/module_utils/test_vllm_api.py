@@ -5,6 +5,7 @@ import pytest
 from ansible_collections.llmops.vllm.plugins.module_utils._vllm_api import (
     check_base_url,
     get,
+    metric_samples,
     metric_total,
     requests_in_engine,
     served_models,
@@ -44,6 +45,13 @@ def test_metric_total_sums_every_engine_and_ignores_longer_names():
     assert metric_total(METRICS, "vllm:num_requests_running") == 5.0
     assert metric_total(METRICS, "vllm:num_requests_waiting") == 4.0
     assert metric_total(METRICS, "vllm:absent") is None
+
+
+def test_metric_samples_keep_one_value_per_label_set():
+    assert metric_samples(METRICS, "vllm:num_requests_running") == [3.0, 2.0]
+    assert metric_samples(METRICS, "vllm:absent") == []
+    with pytest.raises(ValueError):
+        metric_samples('vllm:kv_cache_usage_perc{engine="0"} NaNx\n', "vllm:kv_cache_usage_perc")
 
 
 def test_served_models():
