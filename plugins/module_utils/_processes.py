@@ -90,14 +90,21 @@ def is_vllm(process: Process) -> bool:
 
 
 def still_running(process: Process, proc: str = PROC) -> bool:
-    """Whether this very process (not a later one with its PID) is alive and not a zombie."""
+    """Whether this very process (not a later one with its PID) has any thread left.
+
+    A killed multi-threaded process shows its leader as a zombie while its other threads are still
+    exiting (unmapping memory, closing a GPU context); until they are gone it holds its memory and stays
+    in its cgroup, so it still counts as running.
+    """
+    base = f"{proc}/{process.pid}"
     try:
-        with open(f"{proc}/{process.pid}/stat") as stat_file:
+        with open(f"{base}/stat") as stat_file:
             text = stat_file.read()
+        if parse_stat(text)["start_ticks"] != process.start_ticks:
+            return False
+        return text[text.rindex(")") + 2] != "Z" or len(os.listdir(f"{base}/task")) > 1
     except (FileNotFoundError, ProcessLookupError):
         return False
-    state = text[text.rindex(")") + 2]
-    return state != "Z" and parse_stat(text)["start_ticks"] == process.start_ticks
 
 
 def _signal_all(processes, signum, proc):

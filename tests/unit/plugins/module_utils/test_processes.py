@@ -16,6 +16,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._processes import (
     terminate,
     unit_of,
 )
+from ansible_collections.llmops.vllm.plugins.module_utils._wait import wait_for
 
 
 def test_parse_stat_takes_the_name_up_to_the_last_parenthesis():
@@ -101,3 +102,28 @@ def test_a_reused_pid_is_not_the_same_process():
     assert child.poll() is None
     child.kill()
     child.wait()
+
+
+def test_a_process_whose_leader_exited_runs_until_its_last_thread_ends():
+    # The main thread leaves with pthread_exit: the kernel shows the process as a zombie (Z) while the
+    # other thread still runs, as a killed vLLM worker does while it unmaps its memory.
+    code = (
+        "import ctypes, sys, threading\n"
+        "threading.Thread(target=sys.stdin.read).start()\n"
+        "print('ready', flush=True)\n"
+        "ctypes.CDLL(None).pthread_exit(None)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert child.stdout.readline() == b"ready\n"
+    process = read_process(child.pid)
+    wait_for(lambda: (_state(child.pid) == "Z", None), timeout=5, interval=0.01)
+    assert _state(child.pid) == "Z" and still_running(process)
+    child.stdin.close()  # the thread's read ends, and the process with it
+    child.wait(timeout=5)
+    assert not still_running(process)
+
+
+def _state(pid):
+    with open(f"/proc/{pid}/stat") as stat_file:
+        text = stat_file.read()
+    return text[text.rindex(")") + 2]
