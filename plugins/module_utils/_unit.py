@@ -38,6 +38,9 @@ CGROUP_ROOTS = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd", "/sys/fs/cgr
 EXIT_CODES = {"1": "exited", "2": "killed", "3": "dumped"}
 STOPPED_STATES = ("inactive", "failed")
 ERROR_LINE = re.compile(r"Error|error:|Traceback|Killed|out of memory|OOM|CUDA", re.IGNORECASE)
+# vLLM's own log lines below ERROR ("WARNING 12-01 15:45:22 [...]"), which may still name an error: the
+# ulimit warning of every start says "failed to automatically increase with error ...".
+BELOW_ERROR = re.compile(r"\b(?:DEBUG|INFO|WARNING) \d\d-\d\d \d\d:\d\d:\d\d\b")
 
 
 class UnitError(Exception):
@@ -175,7 +178,7 @@ def error_lines(lines: list[str], limit: int = 12) -> list[str]:
     """The distinct lines that look like errors, oldest first: the first of them is usually the cause."""
     seen, found = set(), []
     for line in lines:
-        if ERROR_LINE.search(line) and line not in seen:
+        if ERROR_LINE.search(line) and not BELOW_ERROR.search(line) and line not in seen:
             seen.add(line)
             found.append(line)
     return found[:limit]
