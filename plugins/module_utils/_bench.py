@@ -344,22 +344,30 @@ def fixed_prompts(count: int, input_len: int) -> list:
     return [" ".join([f"{index}:", *words]) for index in range(count)]
 
 
+def added_special_tokens(tokenizer) -> int:
+    """How many special tokens (a BOS, typically) the tokenizer adds to every prompt when the server encodes it."""
+    processor = tokenizer.post_processor
+    return processor.num_special_tokens_to_add(False) if processor is not None else 0
+
+
 def random_token_prompts(tokenizer, count: int, input_len: int, seed: int) -> list:
-    """Prompts of `input_len` random tokens of the model's vocabulary (special tokens left out), as text
-    that encodes back to that length, like `vllm bench serve --dataset-name random`."""
+    """Prompts that the server encodes to `input_len` tokens: random tokens of the model's vocabulary (special
+    tokens left out) as text that encodes back to their number, plus the special tokens that the tokenizer
+    adds, like `vllm bench serve --dataset-name random`."""
     special = set(tokenizer.get_added_tokens_decoder())
     vocabulary = [token_id for token_id in range(tokenizer.get_vocab_size()) if token_id not in special]
+    length = max(input_len - added_special_tokens(tokenizer), 1)
     rng = random.Random(seed)
     prompts = []
     for _prompt in range(count):
-        ids = [rng.choice(vocabulary) for _position in range(input_len)]
+        ids = [rng.choice(vocabulary) for _position in range(length)]
         text = tokenizer.decode(ids)
         # Decoding and encoding again may merge or split tokens: trim or pad until the length holds.
         for _attempt in range(10):
             ids = tokenizer.encode(text, add_special_tokens=False).ids
-            if len(ids) == input_len:
+            if len(ids) == length:
                 break
-            ids = ids[:input_len] + [rng.choice(vocabulary) for _position in range(input_len - len(ids))]
+            ids = ids[:length] + [rng.choice(vocabulary) for _position in range(length - len(ids))]
             text = tokenizer.decode(ids)
         prompts.append(text)
     return prompts

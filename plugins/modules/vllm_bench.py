@@ -67,7 +67,9 @@ options:
         and count.
     type: float
   input_len:
-    description: Prompt length in tokens (about that many words for the fixed prompt).
+    description:
+      - Prompt length in tokens as the server counts them, the special tokens that the tokenizer adds (a BOS)
+        included, as in C(vllm bench serve); about that many words for the fixed prompt.
     type: int
     default: 128
   output_len:

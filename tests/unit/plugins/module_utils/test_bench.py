@@ -1,6 +1,7 @@
 import http.server
 import json
 import random
+import statistics
 import threading
 
 import numpy
@@ -271,6 +272,16 @@ def test_random_token_prompts_encode_back_to_the_asked_length():
     lengths = [len(tokenizer.encode(prompt, add_special_tokens=False).ids) for prompt in prompts]
     # Random byte-level tokens may merge when encoded again; vLLM's random dataset has the same slack.
     assert all(abs(length - 48) <= 2 for length in lengths), lengths
+
+
+def test_random_token_prompts_leave_room_for_the_bos_that_the_server_adds():
+    tokenizer = tokenizers.Tokenizer.from_str(train_tokenizer(300).to_str())
+    bos = tokenizer.token_to_id("<s>")
+    tokenizer.post_processor = tokenizers.processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+    prompts = random_token_prompts(tokenizer, 5, 48, seed=1)
+    encoded = [tokenizer.encode(prompt).ids for prompt in prompts]
+    assert all(ids[0] == bos for ids in encoded)
+    assert statistics.median(len(ids) for ids in encoded) == 48, [len(ids) for ids in encoded]
 
 
 class StreamingHandler(http.server.BaseHTTPRequestHandler):
