@@ -80,7 +80,7 @@ molecule: venv wheelhouse ## deploy.yml on three fresh hosts (check, idempotence
 .PHONY: integration
 integration: venv wheelhouse ## The modules and playbooks against a real local host serving tiny (tests/integration)
 	scripts/local-host.sh image
-	pytest tests/integration
+	pytest tests/integration --durations=12
 
 .PHONY: test
 test: lint sanity unit molecule integration ## Everything CI runs

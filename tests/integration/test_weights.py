@@ -29,6 +29,7 @@ source:
 served_name: tiny-mirror
 max_model_len: 2048
 max_num_seqs: 16
+extra_args: [--enforce-eager]
 """
 # The slow mirror sends at 512 KiB/s: the 5.5 MiB of tiny then take long enough for the role to print
 # its progress.
