@@ -20,8 +20,8 @@ description:
   - Failed requests are counted per level, with their first error texts, never dropped.
   - Needs only the Python standard library, so it runs with any host's python3, on the server itself or on the
     controller (C(delegate_to)). With the Python package C(tokenizers) importable (the vLLM venv has it) and
-    O(tokenizer) set, prompts are random tokens of the model's vocabulary, like C(vllm bench serve
-    --dataset-name random); otherwise a fixed text of about O(input_len) words, distinct per request.
+    O(tokenizer) set, prompts are built from the model's vocabulary as C(vllm bench serve --dataset-name random)
+    builds them; otherwise a fixed text of about O(input_len) words, distinct per request.
   - Sets the fact C(vllm_bench). Reports (JSON, CSV, Markdown, plot) are written by M(llmops.vllm.vllm_bench_report).
 extends_documentation_fragment:
   - llmops.vllm.attributes
