@@ -24,6 +24,7 @@ FIELDS = (
     "duration",
     "total_output_tokens",
     "output_throughput",
+    "mean_ttft_ms",
     "median_ttft_ms",
     "median_itl_ms",
 )
