@@ -154,7 +154,7 @@ def paired_ratio(ours, theirs, resamples=10000):
     """vllm_bench / `vllm bench serve` over paired runs: geometric mean and 95% bootstrap interval, in percent."""
     logs = [math.log(o / t) for o, t in zip(ours, theirs, strict=True)]
     rng = random.Random(0)
-    means = sorted(statistics.fmean(rng.choices(logs, k=len(logs))) for _ in range(resamples))
+    means = sorted(statistics.fmean(rng.choices(logs, k=len(logs))) for _resample in range(resamples))
     low, high = means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]
     return tuple((math.exp(value) - 1) * 100 for value in (statistics.fmean(logs), low, high))
 
