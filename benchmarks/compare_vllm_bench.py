@@ -6,8 +6,7 @@ The server is the instance MODEL (default `wide`, benchmarks/models/wide.yml: a 
 about as long, next to a client's own costs, as a real model's on a GPU; no prefix caching). Every level
 (C=1, 8, 32 by default) of every round runs both clients on the server's host, one after the other, in
 alternating order (A B, then B A, ...), so that drift of a shared machine hits both alike. The first
---warmup-rounds rounds run the same way and are not counted (the first requests after a server start are
-slower). Printed per level:
+--warmup-rounds rounds run the same way and are not counted. Printed per level:
 
 - output throughput and median TTFT of each client (medians of the rounds), and vllm_bench's paired ratio to
   `vllm bench serve`: the geometric mean over rounds of each round's own ratio, as a difference in percent,
