@@ -39,6 +39,7 @@ import os
 import random
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -46,6 +47,10 @@ from vllm_bench_serve_cpu import api_key_from
 
 ROOT = Path(__file__).resolve().parents[1]
 HELPER = ROOT / "benchmarks" / "vllm_bench_serve_cpu.py"
+
+# The collection's own reading of /metrics (standard library only), the one vllm_instance_info uses.
+sys.path.insert(0, str(ROOT / "plugins" / "module_utils"))
+from _vllm_api import metric_total  # noqa: E402  pylint: disable=wrong-import-position,import-error
 
 
 def ansible(args, host, module, module_args, extra_vars=None):
@@ -127,12 +132,7 @@ SERVER_COUNTERS = (
 def server_counters(args, host):
     """vLLM's own counters so far (SERVER_COUNTERS, each summed over its label sets), from its /metrics."""
     metrics = ansible(args, host, "ansible.builtin.uri", f"url={args.url}/metrics return_content=true")["content"]
-    totals = dict.fromkeys(SERVER_COUNTERS, 0.0)
-    for line in metrics.splitlines():
-        name = line.partition("{")[0]
-        if name in totals:
-            totals[name] += float(line.rsplit(" ", 1)[1])
-    return totals
+    return {name: metric_total(metrics, name) or 0.0 for name in SERVER_COUNTERS}
 
 
 def server_view(before, after):
@@ -143,10 +143,6 @@ def server_view(before, after):
         # A server without prefix caching makes no queries.
         "prefix_cache_hit_percent": hits / queries * 100 if queries else 0.0,
     }
-
-
-def diff_percent(ours, theirs):
-    return (ours - theirs) / theirs * 100
 
 
 def paired_ratio(ours, theirs, resamples=10000):
