@@ -15,6 +15,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._instances import (
 from ansible_collections.llmops.vllm.plugins.module_utils._serve_command import (
     ServeSpecError,
     build_serve_args,
+    build_server_environment,
     layout_gpu_count,
 )
 from ansible_collections.llmops.vllm.plugins.module_utils._systemd import (
@@ -41,6 +42,7 @@ class FilterModule:
     def filters(self):
         return {
             "vllm_serve_args": _as_filter_error(build_serve_args),
+            "vllm_server_environment": _as_filter_error(build_server_environment),
             "vllm_layout_gpu_count": layout_gpu_count,
             "systemd_exec_line": _as_filter_error(exec_line),
             "systemd_environment_file": _as_filter_error(environment_file),

@@ -194,3 +194,41 @@ def build_serve_args(spec):
         args.append("--trust-remote-code")
 
     return args + _checked_extra_args(spec.get("extra_args") or [])
+
+
+def build_server_environment(settings):
+    """Return the environment of one vLLM server, as the unit's EnvironmentFile holds it.
+
+    settings keys: home, load_timeout (required); device (`cpu` adds the CPU build's KV-cache size,
+    cpu_kvcache_space_gib), cuda_visible_devices, env (the catalog's and the user's, which may override
+    the defaults), api_key and hf_token (secrets: they go only here, never on the command line). Pure.
+    """
+    home = _required_text(settings, "home")
+    load_timeout = _whole_number(settings.get("load_timeout"))
+    if load_timeout is None or load_timeout < 1:
+        raise ServeSpecError(
+            f"load_timeout must be a whole number of seconds, 1 or more, got {settings.get('load_timeout')!r}"
+        )
+    env = settings.get("env") or {}
+    if not isinstance(env, dict) or not all(isinstance(name, str) for name in env):
+        raise ServeSpecError(f"env must be a mapping of variable names to values, got {env!r}")
+    environment = {
+        "HOME": home,
+        "HF_HOME": f"{home}/huggingface",
+        # Weights are on the host before the server starts: the server never reaches the hub.
+        "HF_HUB_OFFLINE": "1",
+        # vLLM's own limit on the engine's start; vllm_service's load_timeout bounds the whole load.
+        "VLLM_ENGINE_READY_TIMEOUT_S": str(load_timeout),
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    if settings.get("device") == "cpu":
+        environment["VLLM_CPU_KVCACHE_SPACE"] = str(settings.get("cpu_kvcache_space_gib", 1))
+    if settings.get("cuda_visible_devices"):
+        environment["CUDA_VISIBLE_DEVICES"] = str(settings["cuda_visible_devices"])
+    environment.update({name: str(value) for name, value in env.items()})
+    for name, key in (("VLLM_API_KEY", "api_key"), ("HF_TOKEN", "hf_token")):
+        if settings.get(key):
+            environment[name] = settings[key]
+    return environment

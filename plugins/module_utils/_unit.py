@@ -8,8 +8,10 @@ AnsibleModule.run_command (argument list in, `(rc, stdout, stderr)` out).
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import signal
 from dataclasses import dataclass
 
 SHOW_PROPERTIES = (
@@ -29,6 +31,7 @@ SHOW_PROPERTIES = (
     "DropInPaths",
     "UnitFileState",
     "ActiveEnterTimestampMonotonic",
+    "NRestarts",
 )
 # Where drop-ins of a unit may lie (NAME.d/*.conf), in systemd's order of precedence.
 UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/usr/local/lib/systemd/system", "/usr/lib/systemd/system")
@@ -41,6 +44,23 @@ ERROR_LINE = re.compile(r"Error|error:|Traceback|Killed|out of memory|OOM|CUDA",
 # vLLM's own log lines below ERROR ("WARNING 12-01 15:45:22 [...]"), which may still name an error: the
 # ulimit warning of every start says "failed to automatically increase with error ...".
 BELOW_ERROR = re.compile(r"\b(?:DEBUG|INFO|WARNING) \d\d-\d\d \d\d:\d\d:\d\d\b")
+# vLLM's lines when its engine dies, most telling first: the executor names the process that died and how,
+# the engine core says it failed, the API server's client sees the engine core's process gone.
+ENGINE_DEATH = (
+    re.compile(r"(?:Worker|Engine core) proc \S+ died unexpectedly(?: \(exit code: (?P<code>-?\d+|None)\))?"),
+    re.compile(r"EngineCore encountered a fatal error"),
+    re.compile(r"engine core exited unexpectedly"),
+)
+# systemd's own lines about a unit (journalctl -o cat): a run begins, a stop is asked for, a restart follows
+# a run that ended by itself.
+RUN_STARTED = re.compile(r"^Started \S+\.service\b")
+STOP_ASKED = re.compile(r"^Stopping \S+\.service\b")
+RESTART_SCHEDULED = re.compile(r"Scheduled restart job")
+# What journalctl --grep keeps of a unit's journal for last_engine_death (a PCRE; the three above and
+# ENGINE_DEATH's).
+ENGINE_HISTORY_GREP = (
+    "died unexpectedly|encountered a fatal error|exited unexpectedly|^Started |^Stopping |Scheduled restart job"
+)
 
 
 class UnitError(Exception):
@@ -66,6 +86,7 @@ class UnitState:
     drop_in_paths: tuple[str, ...] = ()
     unit_file_state: str = ""  # enabled, disabled, static, masked, ...; empty when systemd did not say
     active_since_us: int = 0  # CLOCK_MONOTONIC microseconds of the last entry into the active state; 0 if never
+    restarts: int = 0  # NRestarts: automatic restarts since reset-failed (which vllm_service runs before a start)
 
     @property
     def exists(self) -> bool:
@@ -117,6 +138,7 @@ def parse_show(name: str, text: str) -> UnitState:
         drop_in_paths=tuple(values.get("DropInPaths", "").split()),
         unit_file_state=values.get("UnitFileState", ""),
         active_since_us=number("ActiveEnterTimestampMonotonic"),
+        restarts=number("NRestarts"),
     )
 
 
@@ -184,6 +206,70 @@ def error_lines(lines: list[str], limit: int = 12) -> list[str]:
     return found[:limit]
 
 
+def _signal_name(code: str | None) -> str:
+    """`-4` (a child killed by signal 4, as Python reports it) as `-4, SIGILL`; other codes as they are."""
+    if code and code.startswith("-") and code[1:].isdigit():
+        try:
+            return f"{code}, {signal.Signals(int(code[1:])).name}"
+        except ValueError:
+            pass
+    return code or ""
+
+
+def engine_death(lines: list[str]) -> str | None:
+    """`the engine died: ...` from the most telling of vLLM's engine-death lines among `lines`; None without one."""
+    for pattern in ENGINE_DEATH:
+        for line in lines:
+            found = pattern.search(line)
+            if found:
+                text = found.group(0)
+                if found.groupdict().get("code"):
+                    text = text.replace(
+                        f"exit code: {found.group('code')}", f"exit code: {_signal_name(found.group('code'))}"
+                    )
+                return f"the engine died: {text}"
+    return None
+
+
+def last_engine_death(lines: list[str], stopped: bool) -> str | None:
+    """How the engine died in the newest run that ended by itself, since the last stop that was asked for.
+
+    `lines` are a unit's journal lines, oldest first, as journalctl --grep ENGINE_HISTORY_GREP keeps them;
+    `stopped` says whether the unit is stopped now (its last run ended without a restart). vLLM logs engine
+    errors while it stops on request too: those runs are not counted.
+    """
+    death, run, stopping = None, [], False
+    for line in lines:
+        if STOP_ASKED.search(line):
+            death, run, stopping = None, [], True
+        elif RUN_STARTED.search(line) or RESTART_SCHEDULED.search(line):  # the run before has ended
+            death, run, stopping = engine_death(run) or death, [], False
+        elif not stopping:
+            run.append(line)
+    if stopped and not stopping:
+        death = engine_death(run) or death
+    return death
+
+
+def journal_messages(json_lines: str) -> list[str]:
+    """The messages of `journalctl --output json` entries, oldest first.
+
+    Sorted by their time: systemd 252 prints `--grep` with `--lines` newest first, even with `--reverse`.
+    """
+    entries = []
+    for line in json_lines.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        message = entry.get("MESSAGE")
+        if isinstance(message, list):  # journald keeps a message that is not UTF-8 as its bytes
+            message = bytes(message).decode("utf-8", "replace")
+        if isinstance(message, str):
+            entries.append((int(entry.get("__REALTIME_TIMESTAMP") or 0), message))
+    return [message for _time, message in sorted(entries, key=lambda entry: entry[0])]
+
+
 class Unit:
     """systemctl and journalctl for one unit."""
 
@@ -225,3 +311,10 @@ class Unit:
         command = ["journalctl", *matches, "--lines", str(lines), "--no-pager", "--output", "cat"]
         rc, out, _err = self._run(command)
         return out.splitlines() if rc == 0 else []
+
+    def last_engine_death(self, stopped: bool, lines: int = 60) -> str | None:
+        """last_engine_death() over the unit's journal: only the lines that tell runs and engine deaths apart."""
+        command = ["journalctl", "--unit", self.name, "--grep", ENGINE_HISTORY_GREP, "--lines", str(lines)]
+        rc, out, _err = self._run([*command, "--no-pager", "--output", "json", "--output-fields", "MESSAGE"])
+        # rc 1: nothing matched.
+        return last_engine_death(journal_messages(out), stopped) if rc == 0 else None

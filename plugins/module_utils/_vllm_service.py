@@ -22,6 +22,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._unit import (
     Unit,
     UnitState,
     cgroup_pids,
+    engine_death,
     error_lines,
     exec_start_argv,
     flag_value,
@@ -151,6 +152,9 @@ class Lifecycle:
         )
         errors = error_lines(journal)
         message = [reason]
+        death = engine_death(journal)
+        if death:
+            message.append(death)
         if errors:
             message += ["Errors in its journal (the first is usually the cause):", *errors]
         message += ["Last lines of its journal:", *journal[-10:]]

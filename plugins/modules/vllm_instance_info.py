@@ -13,7 +13,8 @@ description:
   - Reads the instance records that the C(vllm_server) role writes, one C(INSTANCE.json) per instance in
     O(config_dir), and returns each record's fields with the live state of the instance.
   - From systemd, through C(systemctl show), the unit's active and sub state, whether it is enabled, its main
-    PID, and how long it has been active.
+    PID, how long it has been active and how often systemd restarted it; from its journal, how the engine
+    died when a run ended by itself.
   - From the server, when the unit is active and O(metrics) is true, whether C(/health) answers 200 and, from
     C(/metrics), the requests running and waiting in the engine and the fraction of the KV cache in use.
     Both paths are open without the API key.
@@ -118,6 +119,15 @@ instances:
         - From systemd's ActiveEnterTimestampMonotonic and this host's monotonic clock, so a change of the
           wall clock does not alter it.
       type: float
+    restarts:
+      description: The automatic restarts systemd has made of the unit (C(NRestarts)).
+      type: int
+    engine_death:
+      description:
+        - How vLLM's engine died in the unit's last run that ended by itself (systemd then restarts the
+          unit), from its journal; null when no run has ended so since the last stop that was asked for.
+      type: str
+      sample: "the engine died: Worker proc VllmWorker-0 died unexpectedly (exit code: -4, SIGILL)"
     serving:
       description:
         - Whether the server's C(/health) answered 200.
@@ -157,6 +167,8 @@ instances:
       enabled: true
       main_pid: 4242
       uptime: 3605.2
+      restarts: 0
+      engine_death: null
       serving: true
       requests_running: 3
       requests_waiting: 0
@@ -270,6 +282,7 @@ def unit_fields(state: UnitState, now: float) -> dict:
         "enabled": state.unit_file_state == "enabled",
         "main_pid": state.main_pid,
         "uptime": uptime(state, now),
+        "restarts": state.restarts,
     }
 
 
@@ -310,8 +323,12 @@ def server_fields(url: str, timeout: float) -> dict:
 
 def describe(record: dict, run_command, metrics: bool, timeout: float) -> dict:
     """A record with its unit's state and, when the unit is active, its server's."""
-    state = Unit(record["unit"], run_command).state()
+    unit = Unit(record["unit"], run_command)
+    state = unit.state()
     live = unit_fields(state, time.monotonic())
+    # Only a unit that systemd restarted, or one that is not running, can have a run that ended by itself.
+    restarted_or_down = state.exists and (state.restarts or state.stopped or state.crashed)
+    live["engine_death"] = unit.last_engine_death(state.stopped) if restarted_or_down else None
     active = live["active_state"] == "active"
     server = server_fields(check_base_url(server_url(record)), timeout) if active and metrics else NOT_ASKED
     return {**record, **live, **server}

@@ -24,6 +24,10 @@ description:
   - Runs C(systemctl daemon-reload) first when the unit's files changed on disk, including a drop-in added
     or removed since systemd loaded the unit (which systemd itself does not notice).
   - Returns the duration of each phase.
+  - Says when vLLM's engine died. vLLM exits when its engine dies (a worker killed by a signal, an engine
+    core that crashed), and systemd restarts a unit that the C(vllm_server) role wrote. The module reads the
+    unit's journal for the last run that ended by itself and returns how its engine died in RV(engine_death),
+    with the restarts systemd made in RV(restarts); a start that fails because the engine died says so first.
 extends_documentation_fragment:
   - llmops.vllm.attributes
 attributes:
@@ -199,6 +203,19 @@ stop:
     orphans: {"found": [], "terminated": [], "killed": [], "survivors": []}
     cgroup_empty: true
     elapsed: 7.9
+restarts:
+  description: The automatic restarts systemd has made of the unit (its C(NRestarts)) when the module began.
+  returned: always
+  type: int
+  sample: 1
+engine_death:
+  description:
+    - How vLLM's engine died in the unit's last run that ended by itself, from its journal, when the
+      module began; null when no run has ended so since the last stop that was asked for.
+    - The executor's line names the process and how it ended (a negative exit code is the signal).
+  returned: always
+  type: str
+  sample: "the engine died: Worker proc VllmWorker-0 died unexpectedly (exit code: -4, SIGILL)"
 elapsed:
   description: Seconds the module spent.
   returned: always
@@ -262,6 +279,11 @@ def stop_summary(stop: dict) -> str:
     return "; ".join(parts)
 
 
+def engine_death_summary(death: str, restarts: int) -> str:
+    restarted = f"; systemd has restarted it {restarts} time{'s' if restarts != 1 else ''}" if restarts else ""
+    return f"its last run ended because {death}{restarted}"
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -294,7 +316,15 @@ def main():
 
     unit = Unit(name, module.run_command)
     lifecycle = Lifecycle(unit, settings)
-    result = {"unit": name, "changed": False, "daemon_reloaded": False, "start": None, "stop": None}
+    result = {
+        "unit": name,
+        "changed": False,
+        "daemon_reloaded": False,
+        "start": None,
+        "stop": None,
+        "restarts": 0,
+        "engine_death": None,
+    }
     try:
         before = unit.state()
         if not before.exists:
@@ -307,7 +337,10 @@ def main():
                 before = unit.state()
             result.update(changed=True, daemon_reloaded=True)
         running = not before.stopped and not before.crashed
-        messages = []
+        # Only a unit that systemd restarted, or one that is not running, can have a run that ended by itself.
+        death = unit.last_engine_death(before.stopped) if before.restarts or not running else None
+        result.update(restarts=before.restarts, engine_death=death)
+        messages = [engine_death_summary(death, before.restarts)] if death else []
         if module.check_mode:
             would_stop = state == "restarted" or (state == "stopped" and not before.stopped)
             would_start = state == "restarted" or (state == "started" and not running)

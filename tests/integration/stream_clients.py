@@ -1,6 +1,7 @@
 """Run on the test host: keep COUNT streamed completions going until the server stops taking them.
 
 usage: python3 stream_clients.py BASE_URL MODEL API_KEY COUNT MAX_TOKENS OUTPUT_JSON   (stdlib only)
+       python3 stream_clients.py --one BASE_URL MODEL API_KEY MAX_TOKENS PROMPT   (one request; prints its record)
 
 Each of COUNT threads sends one request after another and stops after the first one that does not complete
 with all MAX_TOKENS tokens (the server refused it, or cut it off). OUTPUT_JSON.streaming appears once every
@@ -20,13 +21,25 @@ import urllib.parse
 GIVE_UP_AFTER = 120
 
 
-def request(url, model, api_key, max_tokens, record):
+def new_record():
+    return {
+        "status": None,
+        "chunks": 0,
+        "prompt_tokens": None,
+        "tokens": None,
+        "done": False,
+        "finish_reason": None,
+        "error": None,
+    }
+
+
+def request(url, model, api_key, max_tokens, record, prompt="The server drains"):
     """Send one streamed completion; fill `record` as the answer arrives."""
     target = urllib.parse.urlsplit(url)
     connection = http.client.HTTPConnection(target.hostname, target.port, timeout=120)
     body = {
         "model": model,
-        "prompt": "The server drains",
+        "prompt": prompt,
         "max_tokens": max_tokens,
         "ignore_eos": True,
         "stream": True,
@@ -47,6 +60,7 @@ def request(url, model, api_key, max_tokens, record):
                     record["chunks"] += 1
                     record["finish_reason"] = choice.get("finish_reason") or record["finish_reason"]
                 if chunk.get("usage"):  # the last chunk, when the request completes
+                    record["prompt_tokens"] = chunk["usage"]["prompt_tokens"]
                     record["tokens"] = chunk["usage"]["completion_tokens"]
     except (OSError, http.client.HTTPException) as error:
         record["error"] = repr(error)
@@ -57,7 +71,7 @@ def request(url, model, api_key, max_tokens, record):
 def keep_streaming(url, model, api_key, max_tokens, records):
     deadline = time.monotonic() + GIVE_UP_AFTER
     while time.monotonic() < deadline:
-        record = {"status": None, "chunks": 0, "tokens": None, "done": False, "finish_reason": None, "error": None}
+        record = new_record()
         records.append(record)
         request(url, model, api_key, max_tokens, record)
         if record["tokens"] != max_tokens:
@@ -65,6 +79,12 @@ def keep_streaming(url, model, api_key, max_tokens, records):
 
 
 def main():
+    if sys.argv[1] == "--one":
+        url, model, api_key, max_tokens, prompt = sys.argv[2:7]
+        record = new_record()
+        request(url, model, api_key, int(max_tokens), record, prompt)
+        print(json.dumps(record))
+        return
     url, model, api_key, count, max_tokens, output = sys.argv[1:7]
     per_thread = [[] for _thread in range(int(count))]
     threads = [

@@ -5,6 +5,7 @@ they remove again.
 """
 
 import json
+import shlex
 import time
 from pathlib import Path
 
@@ -40,9 +41,13 @@ def session_processes(host, session):
     return host.sh(f"ps -eo pid=,sid=,comm= | awk '$2 == {session} {{print $1, $3}}'").stdout.split("\n")[:-1]
 
 
+def copy_stream_clients(host):
+    host.sh(f"cat > /tmp/stream_clients.py <<'EOF'\n{CLIENT.read_text()}\nEOF")
+
+
 def start_streams(host, count, output):
     """Start `count` streams on the host; return once each has received its first chunk."""
-    host.sh(f"cat > /tmp/stream_clients.py <<'EOF'\n{CLIENT.read_text()}\nEOF")
+    copy_stream_clients(host)
     command = f"python3 /tmp/stream_clients.py {host.endpoint} tiny {host.api_key} {count} {STREAM_TOKENS} {output}"
     host.sh(f"rm -f {output} {output}.streaming")
     host.spawn(command)
@@ -159,6 +164,50 @@ def test_drained_stop_lets_in_flight_requests_complete(serving):
     for record in answered:
         expected = {"status": 200, "done": True, "tokens": STREAM_TOKENS, "finish_reason": "length", "error": None}
         assert record == {**record, **expected}
+
+
+def one_completion(host, prompt):
+    """One streamed completion of 16 tokens from inside the host: stream_clients.py's record of it."""
+    copy_stream_clients(host)
+    command = f"python3 /tmp/stream_clients.py --one {host.endpoint} tiny {host.api_key} 16 {shlex.quote(prompt)}"
+    return json.loads(host.sh(command, timeout=90).stdout)
+
+
+def test_a_first_prompt_of_one_or_two_tokens_serves_after_a_fresh_start(serving):
+    """On a CPU with AMX, vLLM's CPU build killed its worker (SIGILL) on such a first batch: see docs/service.md."""
+    succeeded(service(serving, "restarted", load_timeout=300))
+    for prompt in ("a", "ab"):
+        record = one_completion(serving, prompt)
+        expected = {"status": 200, "chunks": 16, "tokens": 16, "done": True, "finish_reason": "length", "error": None}
+        assert record == {**record, **expected}
+        assert record["prompt_tokens"] <= 2
+    assert unit_show(serving, "NRestarts", "ActiveState") == {"NRestarts": "0", "ActiveState": "active"}
+
+
+def test_a_killed_engine_core_brings_the_unit_back_serving(serving):
+    """vLLM exits 0 once its engine is gone; the unit restarts it, and the module says what happened."""
+    before = unit_show(serving, "InvocationID", "MainPID", "NRestarts")
+    engine = serving.sh(f"pgrep --parent {before['MainPID']} --full '^VLLM::EngineCore'").stdout.split()
+    assert len(engine) == 1, engine
+    killed_at = time.monotonic()
+    serving.sh(f"kill -KILL {engine[0]}")
+    # systemd's restart: a new run of the unit, counted as an automatic restart (RestartSec 10 s, then the load).
+    deadline = killed_at + 300 + 10
+    while time.monotonic() < deadline:
+        now = unit_show(serving, "InvocationID", "NRestarts", "ActiveState")
+        if now["InvocationID"] != before["InvocationID"] and now["ActiveState"] == "active":
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError(f"the unit did not start again within 310 s of the engine's death: {now}")
+    assert int(now["NRestarts"]) == int(before["NRestarts"]) + 1
+    result = succeeded(service(serving, "started", load_timeout=300))
+    serving_at = time.monotonic()
+    print(f"engine killed: serving again {serving_at - killed_at:.1f} s later ({result['msg']})")
+    assert not result["changed"]  # systemd started it, not the module
+    assert result["engine_death"] == "the engine died: engine core exited unexpectedly"
+    assert result["restarts"] == int(now["NRestarts"]) and "its last run ended because the engine died" in result["msg"]
+    assert one_completion(serving, "ab")["tokens"] == 16
 
 
 def test_hung_unit_is_killed_at_stop_timeout(local_host):

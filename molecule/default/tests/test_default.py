@@ -94,7 +94,7 @@ def test_timeouts_follow_the_catalog(host):
     properties = unit_properties(host, "TimeoutStopUSec", "Restart", "StartLimitBurst", "StartLimitIntervalUSec")
     assert properties == {
         "TimeoutStopUSec": "40s",
-        "Restart": "on-failure",
+        "Restart": "always",
         "StartLimitBurst": "3",
         "StartLimitIntervalUSec": "16min 30s",
     }

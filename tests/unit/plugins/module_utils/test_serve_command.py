@@ -1,8 +1,11 @@
+import re
+
 import pytest
 
 from ansible_collections.llmops.vllm.plugins.module_utils._serve_command import (
     ServeSpecError,
     build_serve_args,
+    build_server_environment,
     layout_gpu_count,
 )
 
@@ -145,3 +148,53 @@ def test_flag_values_pass_through_untouched():
 )
 def test_layout_gpu_count(layout, gpus):
     assert layout_gpu_count(layout) == gpus
+
+
+# ---- the environment ------------------------------------------------------------------------------------
+
+BASE_ENVIRONMENT = {
+    "HOME": "/var/lib/vllm",
+    "HF_HOME": "/var/lib/vllm/huggingface",
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_ENGINE_READY_TIMEOUT_S": "300",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+def test_environment_of_a_cpu_instance():
+    settings = {"home": "/var/lib/vllm", "load_timeout": 300, "device": "cpu", "cpu_kvcache_space_gib": 1}
+    assert build_server_environment(settings) == {**BASE_ENVIRONMENT, "VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def test_environment_of_a_gpu_instance_with_its_gpus_secrets_and_overrides():
+    settings = {
+        "home": "/var/lib/vllm",
+        "load_timeout": "300",
+        "device": "cuda",
+        "cuda_visible_devices": "4,5,6,7",
+        "env": {"NCCL_P2P_DISABLE": 1, "HF_HUB_OFFLINE": "0"},
+        "api_key": "k3y",
+        "hf_token": "",
+    }
+    assert build_server_environment(settings) == {
+        **BASE_ENVIRONMENT,
+        "HF_HUB_OFFLINE": "0",
+        "CUDA_VISIBLE_DEVICES": "4,5,6,7",
+        "NCCL_P2P_DISABLE": "1",
+        "VLLM_API_KEY": "k3y",
+    }
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"load_timeout": 300}, "home must be a non-empty string"),
+        ({"home": "/h", "load_timeout": 0}, "load_timeout must be a whole number of seconds, 1 or more, got 0"),
+        ({"home": "/h", "load_timeout": 10, "env": ["A=1"]}, "env must be a mapping of variable names"),
+    ],
+)
+def test_environment_refuses_bad_settings(settings, message):
+    with pytest.raises(ServeSpecError, match=re.escape(message)):
+        build_server_environment(settings)

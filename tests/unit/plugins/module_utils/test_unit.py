@@ -1,5 +1,6 @@
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -7,9 +8,12 @@ from ansible_collections.llmops.vllm.plugins.module_utils._unit import (
     Unit,
     UnitError,
     cgroup_pids,
+    engine_death,
     error_lines,
     exec_start_argv,
     flag_value,
+    journal_messages,
+    last_engine_death,
     needs_daemon_reload,
     parse_show,
 )
@@ -155,3 +159,97 @@ def test_reset_failed_of_a_unit_that_is_not_loaded_is_no_error():
     Unit("vllm-new.service", lambda command: answers[command[-1]]).reset_failed()
     with pytest.raises(UnitError, match="Access denied"):
         Unit("vllm-odd.service", lambda command: answers[command[-1]]).reset_failed()
+
+
+# ---- engine deaths in the journal ------------------------------------------------------------------------
+
+JOURNAL = (Path(__file__).parents[2] / "fixtures" / "journal" / "engine-deaths.json").read_text()
+SIGILL = "the engine died: Worker proc VllmWorker-0 died unexpectedly (exit code: -4, SIGILL)"
+ENGINE_KILLED = "the engine died: engine core exited unexpectedly"
+
+
+def test_journal_messages_are_sorted_oldest_first():
+    # systemd 252 printed them newest first: --grep with --lines ignores the order.
+    messages = journal_messages(JOURNAL)
+    assert len(messages) == 16
+    assert messages[0].startswith("Started ") and messages[-1].startswith("Stopping ")
+    assert "restart counter is at 1" in messages[13]
+
+
+def test_journal_messages_skip_what_is_not_an_entry_and_decode_bytes():
+    lines = (
+        '{"__REALTIME_TIMESTAMP": "2", "MESSAGE": [104, 105]}\nnot json\n{"__REALTIME_TIMESTAMP": "1", "MESSAGE": "a"}'
+    )
+    assert journal_messages(lines) == ["a", "hi"]
+
+
+@pytest.mark.parametrize(
+    ("line", "death"),
+    [
+        (
+            "(EngineCore pid=3732) ERROR 12-02 06:07:53 [multiproc_executor.py:315] Worker proc VllmWorker-0 died"
+            " unexpectedly (exit code: -4), shutting down executor.",
+            SIGILL,
+        ),
+        (
+            "(EngineCore pid=4125) ERROR 12-02 06:18:10 [multiproc_executor.py:314] Worker proc VllmWorker-0 died"
+            " unexpectedly (exit code: None), shutting down executor.",
+            "the engine died: Worker proc VllmWorker-0 died unexpectedly (exit code: None)",
+        ),
+        (
+            "(APIServer pid=9) ERROR 12-02 06:18:10 [core_client.py:620] Engine core proc EngineCore_DP0 died"
+            " unexpectedly, shutting down client.",
+            "the engine died: Engine core proc EngineCore_DP0 died unexpectedly",
+        ),
+        (
+            "(EngineCore pid=3732) ERROR 12-02 06:07:53 [core.py:1512] EngineCore encountered a fatal error.",
+            "the engine died: EngineCore encountered a fatal error",
+        ),
+        ('INFO:     10.88.0.1:43612 - "POST /v1/completions HTTP/1.1" 500 Internal Server Error', None),
+    ],
+)
+def test_engine_death_names_the_process_and_its_signal(line, death):
+    assert engine_death(["Started vllm-tiny.service.", line]) == death
+
+
+def test_engine_death_prefers_the_line_that_names_the_process():
+    fatal = "(EngineCore pid=3732) ERROR 12-02 06:07:53 [core.py:1512] EngineCore encountered a fatal error."
+    worker = "Worker proc VllmWorker-0 died unexpectedly (exit code: -9), shutting down executor."
+    assert (
+        engine_death([fatal, worker])
+        == "the engine died: Worker proc VllmWorker-0 died unexpectedly (exit code: -9, SIGKILL)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("count", "stopped", "death"),
+    [
+        (5, False, None),  # three runs, each stopped on request
+        (7, True, SIGILL),  # the worker died; the unit stayed down (Restart=on-failure, vLLM exited 0)
+        (8, False, SIGILL),  # ... and was started again by hand
+        (9, False, None),  # a stop asked for since: that death is history
+        (14, False, ENGINE_KILLED),  # the EngineCore killed, systemd restarting the unit
+        (15, False, ENGINE_KILLED),  # ... and running again
+        (16, False, None),  # a restart asked for; vLLM's engine errors while it stops do not count
+        (16, True, None),
+    ],
+)
+def test_last_engine_death_of_runs_that_ended_by_themselves(count, stopped, death):
+    assert last_engine_death(journal_messages(JOURNAL)[:count], stopped) == death
+
+
+def test_unit_reads_the_journal_as_json_and_without_a_match_reports_none():
+    calls = []
+
+    def run(command):
+        calls.append(command)
+        return (0, JOURNAL, "") if len(calls) == 1 else (1, "", "")
+
+    unit = Unit("vllm-tiny.service", run)
+    assert unit.last_engine_death(stopped=False) is None  # the fixture ends with a restart asked for
+    assert calls[0][:3] == ["journalctl", "--unit", "vllm-tiny.service"] and "json" in calls[0]
+    assert unit.last_engine_death(stopped=True) is None  # rc 1: journalctl matched nothing
+
+
+def test_parse_show_reads_the_restarts():
+    assert parse_show("x.service", "NRestarts=2\n").restarts == 2

@@ -95,6 +95,21 @@ def test_start_fails_at_once_when_the_server_dies_while_loading(server):
     assert failure.value.details["elapsed"] < 1 and failure.value.details["journal"] == journal
 
 
+def test_a_start_whose_engine_died_says_so_first(server):
+    before = state("inactive", "dead", invocation="a")
+    restarting = state("activating", "auto-restart", result="success", status="0")
+    journal = [
+        "(EngineCore pid=3732) ERROR 12-02 06:07:53 [multiproc_executor.py:315] Worker proc VllmWorker-0 died"
+        " unexpectedly (exit code: -4), shutting down executor.",
+        "(EngineCore pid=3732) ERROR 12-02 06:07:53 [core.py:1512] EngineCore encountered a fatal error.",
+    ]
+    with pytest.raises(ServiceError) as failure:
+        lifecycle(ScriptedUnit(before, restarting, journal=journal), "http://127.0.0.1:9").start(before)
+    lines = str(failure.value).splitlines()
+    assert lines[0].endswith("main process exited with status 0")
+    assert lines[1] == "the engine died: Worker proc VllmWorker-0 died unexpectedly (exit code: -4, SIGILL)"
+
+
 def test_start_fails_when_the_new_run_ended_without_a_restart(server):
     before = state("inactive", "dead", invocation="a")
     unit = ScriptedUnit(before, state("inactive", "dead", invocation="b", result="exit-code", status="2"))

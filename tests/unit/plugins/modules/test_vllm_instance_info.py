@@ -2,6 +2,7 @@ import builtins
 import json
 import socket
 import time
+from pathlib import Path
 
 import pytest
 from ansible.module_utils import basic
@@ -23,6 +24,7 @@ vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.25
 vllm:kv_cache_usage_perc{engine="1",model_name="tiny"} 0.625
 """
 SECRET = "sk-never-read-this"
+JOURNAL = (Path(__file__).parents[2] / "fixtures" / "journal" / "engine-deaths.json").read_text()
 
 
 @pytest.fixture
@@ -42,16 +44,19 @@ def show(active_state, sub_state="running", main_pid=4242, active_since_us=0, un
 
 @pytest.fixture
 def systemctl(monkeypatch):
-    """systemctl answering `show` for the units in `units` (name: its show output); logs the commands."""
-    units, commands = {}, []
+    """systemctl answering `show` for the units in `units` (name: its show output), journalctl answering with
+    the JSON lines in `journals` (name: text; rc 1, nothing matched, for the others); logs the commands."""
+    units, commands, journals = {}, [], {}
 
     def run_command(self, command, **_kwargs):
         commands.append(command)
+        if command[:2] == ["journalctl", "--unit"]:
+            return (0, journals[command[2]], "") if command[2] in journals else (1, "", "")
         assert command[:2] == ["systemctl", "show"] and command[3] == "-p"
         return 0, units.get(command[2], show("inactive", "dead", 0, load="not-found", unit_file_state="")), ""
 
     monkeypatch.setattr(basic.AnsibleModule, "run_command", run_command)
-    return units, commands
+    return units, commands, journals
 
 
 def write_record(config_dir, name, port, file_name=None, **fields):
@@ -89,7 +94,7 @@ def port_of(url):
 def test_an_active_instance_with_its_metrics(run, tmp_path, systemctl, serve):
     url, asked = serve({"/health": (200, ""), "/metrics": (200, METRICS)})
     record = write_record(tmp_path / "vllm", "tiny", port_of(url), gpus=[0, 1])
-    units, commands = systemctl
+    units, commands, _journals = systemctl
     units["vllm-tiny.service"] = show("active", active_since_us=int((time.monotonic() - 30) * 1e6))
     result = run()
     assert result["changed"] is False
@@ -102,6 +107,8 @@ def test_an_active_instance_with_its_metrics(run, tmp_path, systemctl, serve):
         "sub_state": "running",
         "enabled": True,
         "main_pid": 4242,
+        "restarts": 0,
+        "engine_death": None,
         "serving": True,
         "requests_running": 5,
         "requests_waiting": 5,
@@ -125,8 +132,11 @@ def test_an_inactive_instance_is_not_asked_over_http(run, tmp_path, systemctl, s
     url, asked = serve({"/health": (200, ""), "/metrics": (200, METRICS)})
     write_record(tmp_path / "vllm", "tiny", port_of(url))
     systemctl[0]["vllm-tiny.service"] = show("failed", "failed", main_pid=0, active_since_us=5_000_000)
+    # A worker killed by SIGILL; the unit did not come back.
+    systemctl[2]["vllm-tiny.service"] = "\n".join(JOURNAL.splitlines()[-7:])
     [tiny] = run()["instances"]
     assert (tiny["active_state"], tiny["sub_state"], tiny["main_pid"], tiny["uptime"]) == ("failed", "failed", 0, None)
+    assert tiny["engine_death"] == "the engine died: Worker proc VllmWorker-0 died unexpectedly (exit code: -4, SIGILL)"
     assert [tiny[key] for key in vllm_instance_info.NOT_ASKED] == [None] * 4
     assert asked == []
 
