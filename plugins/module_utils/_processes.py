@@ -19,6 +19,11 @@ from ansible_collections.llmops.vllm.plugins.module_utils._wait import wait_for
 PROC = "/proc"
 # vLLM names its helper processes with setproctitle: VLLM::EngineCore, VLLM::Worker_TP0, VLLM::APIServer.
 VLLM_TITLE = re.compile(r"^VLLM::")
+API_SERVER_TITLE = "VLLM::APIServer"
+# States of /proc/net/tcp rows (include/net/tcp_states.h), in hex: a listening socket, and a closed one that
+# the kernel keeps for a while without any process.
+TCP_LISTEN = "0A"
+TCP_TIME_WAIT = "06"
 UNIT_SUFFIXES = (".service", ".scope")
 
 
@@ -87,6 +92,41 @@ def list_processes(proc: str = PROC) -> list[Process]:
 def is_vllm(process: Process) -> bool:
     """A process of a vLLM server: the API server, its engine and workers (named VLLM::...)."""
     return bool(VLLM_TITLE.match(process.name) or VLLM_TITLE.match(process.cmdline)) or "vllm" in process.cmdline
+
+
+def is_engine(process: Process) -> bool:
+    """A process of vLLM's engine: the engine core and its workers (VLLM::EngineCore, VLLM::Worker_TP0), not
+    an API server (VLLM::APIServer, or the main process, which keeps its interpreter's command line)."""
+    title = process.cmdline if VLLM_TITLE.match(process.cmdline) else process.name
+    return bool(VLLM_TITLE.match(title)) and not title.startswith(API_SERVER_TITLE)
+
+
+def open_connections(tcp_table: str, port: int) -> int:
+    """TCP connections on local `port` in a /proc/net/tcp or tcp6 table: every state but LISTEN and TIME_WAIT.
+
+    A table row: `sl local_address rem_address st ...`, addresses as HEXIP:HEXPORT, the state in hex.
+    """
+    count = 0
+    for row in tcp_table.splitlines()[1:]:
+        fields = row.split()
+        if len(fields) > 3 and ":" in fields[1]:
+            local_port = int(fields[1].rsplit(":", 1)[1], 16)
+            count += local_port == port and fields[3] not in (TCP_LISTEN, TCP_TIME_WAIT)
+    return count
+
+
+def server_connections(pid: int, port: int, proc: str = PROC) -> int | None:
+    """Connections open on a server's port, in the network namespace of process `pid`; None if unreadable."""
+    tables = []
+    for name in ("tcp", "tcp6"):
+        try:
+            with open(f"{proc}/{pid}/net/{name}") as table:
+                tables.append(table.read())
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return None
+    return sum(open_connections(table, port) for table in tables) if tables else None
 
 
 def still_running(process: Process, proc: str = PROC) -> bool:

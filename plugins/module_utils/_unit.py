@@ -286,6 +286,10 @@ class Unit:
     def state(self) -> UnitState:
         return parse_show(self.name, self._systemctl("show", self.name, "-p", ",".join(SHOW_PROPERTIES)))
 
+    def pids(self, state: UnitState) -> list[int]:
+        """The processes of the unit's cgroup (as `state` named it)."""
+        return cgroup_pids(state.control_group)
+
     def daemon_reload(self):
         self._systemctl("daemon-reload")
 

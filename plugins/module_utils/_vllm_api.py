@@ -42,8 +42,17 @@ def check_base_url(url: str) -> str:
 
 
 def get(base_url: str, path: str, api_key: str | None = None, timeout: float = 5.0) -> Reply:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    request = urllib.request.Request(base_url + path, headers=headers)
+    return _send(urllib.request.Request(base_url + path), api_key, timeout)
+
+
+def post(base_url: str, path: str, api_key: str | None = None, timeout: float = 5.0) -> Reply:
+    """POST without a body, as vLLM's control endpoints take (/sleep?level=1, /wake_up)."""
+    return _send(urllib.request.Request(base_url + path, data=b"", method="POST"), api_key, timeout)
+
+
+def _send(request: urllib.request.Request, api_key: str | None, timeout: float) -> Reply:
+    if api_key:
+        request.add_header("Authorization", f"Bearer {api_key}")
     try:
         with _OPENER.open(request, timeout=timeout) as response:
             return Reply(response.status, response.read().decode("utf-8", "replace"))

@@ -11,17 +11,20 @@ from __future__ import annotations
 import os
 import signal
 import time
+import urllib.parse
 from dataclasses import dataclass
 
 from ansible_collections.llmops.vllm.plugins.module_utils._processes import (
+    is_engine,
     list_processes,
     read_process,
+    server_connections,
+    still_running,
     terminate,
 )
 from ansible_collections.llmops.vllm.plugins.module_utils._unit import (
     Unit,
     UnitState,
-    cgroup_pids,
     engine_death,
     error_lines,
     exec_start_argv,
@@ -37,6 +40,10 @@ STOP_POLL_INTERVAL = 0.2
 JOURNAL_CATCH_UP = 3.0
 # A process whose start is this close to the main process's start may have been forked by it.
 START_SLACK_SECONDS = 2.0
+# After a stop, vLLM's API server waits for its open connections to close once its engine has exited, and
+# CUDA builds with requests in flight wait forever (docs/service.md). Seconds that the engine may be gone
+# while the API server still holds as many connections, none of them closing, before the module ends it.
+ENGINE_EXIT_GRACE = 1.5
 
 
 class ServiceError(Exception):
@@ -169,12 +176,14 @@ class Lifecycle:
         settings = self.settings
         started = time.monotonic()
         report = {"in_flight": None, "drain": None, "aborted_requests": 0, "terminate": None, "escalated": False}
-        report["killed"] = []
+        report.update(killed=[], api_server_hang=None)
         if not before.stopped:
             drain = settings.drain_timeout if settings.drain_timeout is not None else server_drain_timeout(before)
             serving = before.active_state == "active"
             in_flight = report["in_flight"] = requests_in_engine(settings.url) if serving else None
+            engine = self._engine_processes(before)
             self.unit.stop()
+            sigterm_at = time.monotonic()
             # An unreadable count (None: a busy server) may hide requests: watch the drain all the same.
             if serving and drain > 0 and in_flight != 0:
                 report["drain"] = self._drain(in_flight, drain)
@@ -183,15 +192,21 @@ class Lifecycle:
                 report["aborted_requests"] = in_flight
             # Without a main process (killed, crashed) nothing in the cgroup will exit on SIGTERM: what is
             # left there once the unit stops is orphaned, and the orphan step below deals with it.
-            control_group = before.control_group if before.main_pid else ""
-            report["terminate"] = self._wait_stopped(control_group, settings.stop_timeout)
-            if not report["terminate"]["stopped"]:
+            report["terminate"] = self._wait_stopped(before, settings.stop_timeout, engine, sigterm_at)
+            hang = report["terminate"].pop("api_server_hang")
+            if hang or not report["terminate"]["stopped"]:
                 report["escalated"] = True
-                report["killed"] = self._kill_cgroup(before.control_group)
+                report["api_server_hang"] = hang
+                report["killed"] = self._kill_cgroup(before)
         report["orphans"] = self._orphans(before)
-        report["cgroup_empty"] = not cgroup_pids(before.control_group)
+        report["cgroup_empty"] = not self.unit.pids(before)
         report["elapsed"] = round(time.monotonic() - started, 3)
         return report
+
+    def _engine_processes(self, state: UnitState) -> list:
+        """The engine core and workers of a running unit, read before it is asked to stop."""
+        found = (read_process(pid, self.proc) for pid in self.unit.pids(state) if pid != state.main_pid)
+        return [process for process in found if process and is_engine(process)]
 
     def _drain(self, in_flight: int | None, drain: float) -> dict:
         """Watch the engine's requests until none is left, the server exits, or the drain time ends."""
@@ -209,20 +224,64 @@ class Lifecycle:
         result = wait_for(check, drain, STOP_POLL_INTERVAL)
         return {"timeout": drain, "remaining": last["remaining"], "elapsed": round(result.elapsed, 3)}
 
-    def _wait_stopped(self, control_group: str, timeout: float) -> dict:
+    def _wait_stopped(self, before: UnitState, timeout: float, engine: list, sigterm_at: float) -> dict:
+        """Until the unit is stopped and its cgroup empty, or its API server has outlived its engine.
+
+        The API server outlives its engine when every engine process is gone while the main process still
+        holds connections on the server's port and none of them closes, for ENGINE_EXIT_GRACE s: a server
+        waiting for streams that nothing will ever finish. `api_server_hang` says so (else it is None).
+        """
+        port = self._server_port(before)
+        hang = {"since": None, "connections": 0, "engine_gone": None, "found": None}
+
         def check():
             state = self.unit.state()
-            return state.stopped and not cgroup_pids(control_group), state.as_dict()
+            # A unit without a main process (killed, crashed) leaves orphans: the orphan step finds them.
+            leftovers = self.unit.pids(before) if before.main_pid else []
+            if state.stopped and not leftovers:
+                return True, state.as_dict()
+            now = time.monotonic()
+            engine_gone = engine and not any(still_running(process, self.proc) for process in engine)
+            if engine_gone and hang["engine_gone"] is None:
+                hang["engine_gone"] = now
+            connections = server_connections(state.main_pid, port, self.proc) if engine_gone and state.main_pid else 0
+            if not connections or connections < hang["connections"]:  # none left, or some closing: not stuck
+                hang["since"] = now if connections else None
+            elif hang["since"] is None:
+                hang["since"] = now
+            elif now - hang["since"] >= ENGINE_EXIT_GRACE:
+                hang["found"] = {
+                    "main_pid": state.main_pid,
+                    "connections": connections,
+                    "engine_exited": round(hang["engine_gone"] - sigterm_at, 3),
+                    "killed_after": round(now - sigterm_at, 3),
+                }
+                return True, state.as_dict()
+            hang["connections"] = connections or 0
+            return False, state.as_dict()
 
         result = wait_for(check, timeout, STOP_POLL_INTERVAL)
-        return {"stopped": result.ok, "elapsed": round(result.elapsed, 3), **(result.observed or {})}
+        stopped = result.ok and hang["found"] is None
+        return {
+            "stopped": stopped,
+            "elapsed": round(result.elapsed, 3),
+            **(result.observed or {}),
+            "api_server_hang": hang["found"],
+        }
 
-    def _kill_cgroup(self, control_group: str) -> list[int]:
+    def _server_port(self, state: UnitState) -> int:
+        """The port the server listens on: its --port, else the port of the URL the module was given."""
+        try:
+            return int(flag_value(exec_start_argv(state.exec_start), "--port") or "")
+        except ValueError:
+            return urllib.parse.urlsplit(self.settings.url).port or 80
+
+    def _kill_cgroup(self, before: UnitState) -> list[int]:
         """SIGKILL every process of the cgroup until it is empty and systemd has seen the unit stop."""
         killed = set()
 
         def check():
-            pids = cgroup_pids(control_group)
+            pids = self.unit.pids(before)
             for pid in pids:
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -255,12 +314,16 @@ class Lifecycle:
         return [
             process
             for process in list_processes(self.proc)
-            if process.unit == self.unit.name
-            or (
-                before.last_main_pid
-                and process.session == before.last_main_pid
-                and process.start_ticks / tick >= earliest
+            if (
+                process.unit == self.unit.name
+                or (
+                    before.last_main_pid
+                    and process.session == before.last_main_pid
+                    and process.start_ticks / tick >= earliest
+                )
             )
+            # A process that has exited and waits to be reaped (its parent may be slow to) holds nothing.
+            and still_running(process, self.proc)
         ]
 
     def _orphans(self, before: UnitState) -> dict:

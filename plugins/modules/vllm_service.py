@@ -18,6 +18,9 @@ description:
     requests until none is left or O(drain_timeout) ends. When the unit has not stopped O(stop_timeout)
     seconds later, the module sends SIGKILL to every process of the unit's cgroup itself instead of waiting
     for systemd's C(TimeoutStopSec), then confirms that the cgroup is empty.
+  - When the API server outlives its engine (every engine process gone, the main process still holding
+    connections on the server's port, as CUDA builds of vLLM do with streams in flight), it kills the unit's
+    processes within 2 s of the engine's exit, and says so.
   - After a stop it looks for processes of the instance that outlived the unit (vLLM's EngineCore, workers
     and resource tracker of the last main process's session, or processes left in the unit's cgroup by
     C(KillMode=process)), reports them and, with O(kill_orphans), ends them with SIGTERM then SIGKILL.
@@ -178,6 +181,16 @@ stop:
     escalated:
       description: Whether the module sent SIGKILL to the unit's cgroup.
       type: bool
+    api_server_hang:
+      description:
+        - Null, or what the module found when the API server outlived its engine. vLLM's API server waits for
+          its open connections to close after its engine has stopped; with streams in flight, CUDA builds
+          wait forever, and so does any build for a client that stopped reading. When every engine process
+          is gone and the main process still holds connections on the server's port, none of them closing,
+          for 1.5 s, the module kills the unit's processes at once instead of waiting for O(stop_timeout).
+        - C(main_pid), the C(connections) open on the port, C(engine_exited) and C(killed_after), seconds
+          from SIGTERM until the engine was seen gone and until the module decided to kill.
+      type: dict
     killed:
       description: PIDs that got SIGKILL.
       type: list
@@ -199,6 +212,7 @@ stop:
     aborted_requests: 0
     terminate: {"stopped": true, "elapsed": 7.9, "active_state": "inactive", "sub_state": "dead", "result": "success"}
     escalated: false
+    api_server_hang: null
     killed: []
     orphans: {"found": [], "terminated": [], "killed": [], "survivors": []}
     cgroup_empty: true
@@ -265,7 +279,11 @@ def elapsed(since: float) -> float:
 
 
 def stop_summary(stop: dict) -> str:
-    how = "SIGKILL after stop_timeout" if stop["escalated"] else "SIGTERM"
+    hang = stop["api_server_hang"]
+    if hang:
+        how = f"the API server did not exit after its engine stopped; {hang['connections']} connections open; killed"
+    else:
+        how = "SIGKILL after stop_timeout" if stop["escalated"] else "SIGTERM"
     parts = [f"stopped in {stop['elapsed']:g} s ({how})"]
     if stop["drain"]:
         in_flight = "an unknown number of" if stop["in_flight"] is None else stop["in_flight"]

@@ -210,6 +210,50 @@ def test_a_killed_engine_core_brings_the_unit_back_serving(serving):
     assert one_completion(serving, "ab")["tokens"] == 16
 
 
+STALLED_CLIENT = Path(__file__).with_name("stalled_client.py")
+# Bytes queued on the server's side of the stalled connection once the API server has to wait for it.
+STALLED_BYTES = 1_000_000
+# vLLM's own line when its HTTP server waits for connections at a stop.
+WAITING_FOR_CONNECTIONS = "Waiting for connections to close"
+
+
+def send_queue_on_port(host, port):
+    """The largest send queue (bytes) of an established connection on local `port`, from /proc/net/tcp."""
+    table = host.sh("cat /proc/net/tcp /proc/net/tcp6").stdout.splitlines()
+    queues = [
+        int(fields[4].split(":")[0], 16)
+        for fields in (row.split() for row in table)
+        if len(fields) > 4 and fields[1].endswith(f":{port:04X}") and fields[3] == "01"
+    ]
+    return max(queues, default=0)
+
+
+def test_an_api_server_that_outlives_its_engine_is_ended_at_once(serving):
+    """A client that stopped reading: vLLM's engine exits at the stop, its API server waits for the client.
+
+    On the GPU the same wait follows streams in flight (docs/service.md); no CPU release shows that one, so
+    a stalled client makes the API server outlive its engine here. The module kills it within 2 s of the
+    engine's exit; before, it waited stop_timeout and then sent SIGKILL.
+    """
+    serving.sh(f"cat > /tmp/stalled_client.py <<'EOF'\n{STALLED_CLIENT.read_text()}\nEOF")
+    serving.spawn(f"python3 /tmp/stalled_client.py {serving.endpoint} tiny {serving.api_key} 300")
+    deadline = time.monotonic() + 120
+    while send_queue_on_port(serving, 8000) < STALLED_BYTES:
+        assert time.monotonic() < deadline, "the stalled client's answer did not back up within 120 s"
+        time.sleep(0.5)
+    result = succeeded(service(serving, "stopped", stop_timeout=30))
+    stop = result["stop"]
+    hang = stop["api_server_hang"]
+    print(f"API server outliving its engine: stop {stop['elapsed']} s, {hang}, msg {result['msg']!r}")
+    journal = serving.sh(f"journalctl -u {UNIT} -n 200 -o cat --no-pager").stdout
+    assert WAITING_FOR_CONNECTIONS in journal  # vLLM did wait for the connection
+    assert hang["connections"] >= 1 and stop["escalated"] and stop["cgroup_empty"]
+    assert hang["killed_after"] - hang["engine_exited"] < 2.0, hang
+    assert stop["terminate"]["elapsed"] < 30, stop["terminate"]
+    assert "the API server did not exit after its engine stopped; " in result["msg"]
+    assert result["active_state"] in ("inactive", "failed")
+
+
 def test_hung_unit_is_killed_at_stop_timeout(local_host):
     """A main process and its child that both ignore SIGTERM: SIGKILL to the cgroup after stop_timeout."""
     hang = "llmops-test-hang.service"
