@@ -248,7 +248,11 @@ def fetch_hub_config(module):
     try:
         return read_source_json(source, "config.json")
     except WeightsError as error:
-        hint = " (a gated or private repository: set hub_token)" if error.status in (401, 403) else ""
+        hint = (
+            " (a gated or private repository: set hub_token, vllm_hub_token in the playbooks)"
+            if error.status in (401, 403)
+            else ""
+        )
         module.fail_json(
             msg=f"Cannot read config.json of {params['hub_repo']} at {params['hub_revision']}: {error}{hint}"
         )

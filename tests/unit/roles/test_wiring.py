@@ -139,7 +139,7 @@ def test_every_step_on_an_instance_takes_its_endpoint_key_and_timeouts_from_its_
     for path, task in steps:
         args = task[module]
         assert "instance" in args and "config_dir" in args, f"{path.name}: {task['name']}"
-        given = {key for key in ("url", "api_key", "load_timeout", "drain_timeout", "stop_timeout", "served_name")}
+        given = {"url", "api_key", "load_timeout", "drain_timeout", "stop_timeout", "served_name"}
         for key in given & set(args):
             # Only a client on the controller is given the URL, and the key, as the record has them.
             assert "__vllm_bench_record" in args[key] or "__vllm_bench_url" in args[key], f"{path.name}: {key}"
