@@ -17,10 +17,13 @@ import json
 import os
 import tempfile
 
-from ansible_collections.llmops.vllm.plugins.module_utils._systemd import parse_environment_file
+from ansible_collections.llmops.vllm.plugins.module_utils._systemd import environment_file, parse_environment_file
 from ansible_collections.llmops.vllm.plugins.module_utils._vllm_api import check_base_url
 
 DEFAULT_CONFIG_DIR = "/etc/vllm"
+# The record and the unit are world-readable; the EnvironmentFile, which holds the key, is root's alone.
+RECORD_MODE = UNIT_MODE = 0o644
+ENVIRONMENT_MODE = 0o600
 RECORD_SUFFIX = ".json"
 API_KEY_VARIABLE = "VLLM_API_KEY"
 # A server listening on every address is reached from its host on loopback.
@@ -225,17 +228,28 @@ def record_text(record: dict) -> str:
     return json.dumps(record, indent=2, sort_keys=True) + "\n"
 
 
-def write_record(path: str, record: dict) -> bool:
-    """Write the record when it differs from the file's; True when it did. Atomic: a reader sees one or the other."""
-    text = record_text(record)
-    if current_text(path) == text:
+def file_differs(path: str, text: str, mode: int) -> bool:
+    """Whether the file lacks `text`, `mode`, or (when root asks) root's ownership."""
+    if current_text(path) != text:
+        return True
+    status = os.stat(path)
+    return status.st_mode & 0o7777 != mode or (os.geteuid() == 0 and (status.st_uid, status.st_gid) != (0, 0))
+
+
+def write_file(path: str, text: str, mode: int) -> bool:
+    """Make the file hold `text` with `mode` (and root's ownership, when root writes); True when it changed.
+
+    Atomic: a reader sees the old file or the new one, never a part.
+    """
+    if not file_differs(path, text, mode):
         return False
-    directory = os.path.dirname(path) or "."
-    descriptor, scratch = tempfile.mkstemp(dir=directory, prefix=".record-", suffix=".tmp")
+    descriptor, scratch = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".llmops-", suffix=".tmp")
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8") as scratch_file:
             scratch_file.write(text)
-        os.chmod(scratch, 0o644)
+        os.chmod(scratch, mode)
+        if os.geteuid() == 0:
+            os.chown(scratch, 0, 0)
         os.replace(scratch, path)
     except BaseException:
         if os.path.exists(scratch):
@@ -244,8 +258,20 @@ def write_record(path: str, record: dict) -> bool:
     return True
 
 
+def write_record(path: str, record: dict) -> bool:
+    """Write the record when it differs from the file's; True when it did."""
+    return write_file(path, record_text(record), RECORD_MODE)
+
+
+def environment_text(unit: str, variables: dict) -> str:
+    """The EnvironmentFile of an instance's unit: its variables, the API key among them."""
+    return f"# Written by llmops.vllm (vllm_instance): the environment of {unit}, secrets included.\n" + (
+        environment_file(variables)
+    )
+
+
 def current_text(path: str) -> str | None:
-    """The record file's text, None when there is none (diff mode)."""
+    """A file's text, None when there is none."""
     try:
         with open(path, encoding="utf-8") as current:
             return current.read()

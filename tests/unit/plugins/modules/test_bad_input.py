@@ -21,8 +21,15 @@ RECORD_ARGS = {
     "instance": "tiny", "unit": "vllm-tiny.service", "model": "tiny", "served_name": "tiny", "host": "0.0.0.0",
     "port": 8000, "model_path": "/var/lib/vllm/models/tiny", "python": "/opt/vllm/venv/bin/python",
     "vllm_version": "0.32.0", "layout": {"tensor_parallel_size": 1}, "load_timeout": 300, "drain_timeout": 10,
-    "stop_timeout": 30, "environment_file": "/etc/vllm/tiny.env",
+    "stop_timeout": 30, "environment": {"HOME": "/var/lib/vllm"}, "unit_content": "[Service]\n",
 }  # fmt: skip
+
+
+def record_args(tmp_path, **changes):
+    """vllm_instance's options for an instance whose files all go to tmp_path."""
+    files = {"config_dir": str(tmp_path), "environment_file": str(tmp_path / "tiny.env"),
+             "unit_file": str(tmp_path / "vllm-tiny.service")}  # fmt: skip
+    return {**RECORD_ARGS, **files, **changes}
 
 
 @pytest.mark.parametrize(
@@ -44,18 +51,20 @@ RECORD_ARGS = {
         ),
         ({"served_name": " "}, "has served_name ' ', not a non-empty text"),
         ({"environment_file": "tiny.env"}, "has secrets {'environment_file': 'tiny.env'"),
+        ({"environment": {"BAD NAME": "1"}}, "'BAD NAME' is not a valid environment variable name"),
+        ({"environment": {"NCCL_DEBUG": "INFO\nEvil=1"}}, "the value of NCCL_DEBUG contains a control character"),
     ],
 )
-def test_the_record_refuses_bad_fields_and_writes_nothing(run_module, tmp_path, changes, message):
-    args = {**RECORD_ARGS, "config_dir": str(tmp_path), **changes}
-    result = run_module(vllm_instance.main, args, fails=True)
+def test_the_instance_refuses_bad_fields_and_writes_nothing(run_module, tmp_path, changes, message):
+    result = run_module(vllm_instance.main, record_args(tmp_path, **changes), fails=True)
     assert message in result["msg"]
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_record_needs_its_directory(run_module, tmp_path):
-    result = run_module(vllm_instance.main, {**RECORD_ARGS, "config_dir": str(tmp_path / "none")}, fails=True)
-    assert result["msg"] == f"config_dir {tmp_path / 'none'} is not a directory; create it first"
+def test_the_instance_needs_the_unit_s_directory(run_module, tmp_path):
+    args = record_args(tmp_path, unit_file=str(tmp_path / "none" / "vllm-tiny.service"))
+    result = run_module(vllm_instance.main, args, fails=True)
+    assert result["msg"] == f"{tmp_path / 'none'} is not a directory; create it first"
     assert list(tmp_path.iterdir()) == []
 
 
