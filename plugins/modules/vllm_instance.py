@@ -11,7 +11,7 @@ version_added: 0.3.0
 author: llmops.vllm contributors (@llmops-vllm)
 description:
   - Writes the three files of one instance, each only when it differs (content, mode, owner root) and each
-    atomically: its EnvironmentFile O(environment_file) (mode 0600; O(environment) and the API key, as
+    atomically. They are its EnvironmentFile O(environment_file) (mode 0600; O(environment) and the API key, as
     C(VLLM_API_KEY)), its systemd unit O(unit_file) (mode 0644, O(unit_content)), and its record.
   - The record is O(config_dir)/INSTANCE.json, which M(llmops.vllm.vllm_instance_info),
     M(llmops.vllm.vllm_service) and M(llmops.vllm.vllm_bench) read back. It holds the unit, where the server
