@@ -1,12 +1,13 @@
 # Copyright: llmops.vllm contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filters that turn a deployment spec into the text of a systemd unit and its EnvironmentFile, and
-check the instances of a host for clashes."""
+"""Filters that turn a deployment spec into the text of a systemd unit and its EnvironmentFile, check the
+instances of a host for clashes, and do a swap's arithmetic."""
 
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.llmops.vllm.plugins.module_utils._instance_record import remote_url
 from ansible_collections.llmops.vllm.plugins.module_utils._instances import (
     InstanceError,
     displaced,
@@ -17,6 +18,13 @@ from ansible_collections.llmops.vllm.plugins.module_utils._serve_command import 
     build_serve_args,
     build_server_environment,
     layout_gpu_count,
+)
+from ansible_collections.llmops.vllm.plugins.module_utils._status import status_row
+from ansible_collections.llmops.vllm.plugins.module_utils._swap import (
+    SwapError,
+    budget_spent,
+    new_instance,
+    swap_result,
 )
 from ansible_collections.llmops.vllm.plugins.module_utils._systemd import (
     SystemdSyntaxError,
@@ -30,7 +38,7 @@ def _as_filter_error(function):
     def filter_function(*args, **kwargs):
         try:
             return function(*args, **kwargs)
-        except (InstanceError, ServeSpecError, SystemdSyntaxError) as error:
+        except (InstanceError, ServeSpecError, SwapError, SystemdSyntaxError) as error:
             raise AnsibleFilterError(str(error)) from error
 
     filter_function.__name__ = function.__name__
@@ -49,4 +57,9 @@ class FilterModule:
             "vllm_instances": _as_filter_error(normalize),
             "vllm_displaced": _as_filter_error(displaced),
             "vllm_table": records_table,
+            "vllm_instance_url": remote_url,
+            "vllm_status_row": status_row,
+            "vllm_swap_new_instance": _as_filter_error(new_instance),
+            "vllm_swap_result": _as_filter_error(swap_result),
+            "vllm_rollout_budget_spent": _as_filter_error(budget_spent),
         }

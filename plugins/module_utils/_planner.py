@@ -138,35 +138,63 @@ def _is_ignored(module, patterns):
     return False
 
 
+def _block(value, key):
+    """A weight block [rows, columns] of whole numbers; PlanInputError for anything else."""
+    if not isinstance(value, list) or len(value) != 2 or not all(_is_whole(size) for size in value):
+        raise PlanInputError(f"config.json: quantization_config.{key} must be two whole numbers, got {value!r}")
+    return value
+
+
+def _is_whole(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _integer(mapping, key, default, where):
+    """A whole number of quantization_config (a negative group size means none); PlanInputError otherwise."""
+    value = mapping.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PlanInputError(f"config.json: quantization_config{where}.{key} must be a whole number, got {value!r}")
+    return value
+
+
 def _quantization(quant):
     """(name, unit, unit description, bits per routed-expert weight, unquantised module patterns)."""
+    if not isinstance(quant, dict):
+        raise PlanInputError(f"config.json: quantization_config must be a mapping, got {quant!r}")
     method = quant.get("quant_method")
     if method == "fp8":
-        block = quant.get("weight_block_size")
+        block = quant.get("weight_block_size") and _block(quant["weight_block_size"], "weight_block_size")
         unit = (max(block), f"FP8 weight block {block[0]}x{block[1]}") if block else None
         return "fp8", unit, 8, quant.get("modules_to_not_convert") or quant.get("ignored_layers") or []
     if method == "compressed-tensors":
-        groups = [group.get("weights") or {} for group in (quant.get("config_groups") or {}).values()]
-        weights = groups[0] if groups else {}
-        bits = weights.get("num_bits", 16)
+        config_groups = quant.get("config_groups") or {}
+        if not isinstance(config_groups, dict) or not all(isinstance(group, dict) for group in config_groups.values()):
+            raise PlanInputError(
+                f"config.json: quantization_config.config_groups must map names to groups, got {config_groups!r}"
+            )
+        groups = [group.get("weights") or {} for group in config_groups.values()]
+        weights = groups[0] if groups and isinstance(groups[0], dict) else {}
+        bits = _integer(weights, "num_bits", 16, ".config_groups.*.weights")
         name = f"{'fp' if weights.get('type') == 'float' else 'int'}{bits}"
         name = "nvfp4" if name == "fp4" else name
         unit = None
         if weights.get("strategy") == "group" and weights.get("group_size"):
-            unit = (weights["group_size"], f"{name.upper()} quantisation group {weights['group_size']}")
+            group = _integer(weights, "group_size", 0, ".config_groups.*.weights")
+            unit = (group, f"{name.upper()} quantisation group {group}") if group > 0 else None
         elif weights.get("strategy") == "block" and weights.get("block_structure"):
-            block = weights["block_structure"]
+            block = _block(weights["block_structure"], "config_groups.*.weights.block_structure")
             unit = (max(block), f"{name.upper()} weight block {block[0]}x{block[1]}")
         return name, unit, bits, quant.get("ignore") or []
     if method in ("awq", "gptq", "awq_marlin", "gptq_marlin"):
-        bits, group = quant.get("bits", 4), quant.get("group_size", -1)
+        bits, group = _integer(quant, "bits", 4, ""), _integer(quant, "group_size", -1, "")
         unit = (group, f"INT{bits} quantisation group {group}") if group and group > 0 else None
         return f"int{bits}", unit, bits, quant.get("modules_to_not_convert") or []
     if method == "modelopt":
         algo = str(quant.get("quant_algo", "")).upper()
         if "FP4" in algo:
-            group = quant.get("group_size", 16)
-            return "nvfp4", (group, f"NVFP4 quantisation group {group}"), 4, quant.get("exclude_modules") or []
+            group = _integer(quant, "group_size", 16, "")
+            unit = (group, f"NVFP4 quantisation group {group}") if group > 0 else None
+            return "nvfp4", unit, 4, quant.get("exclude_modules") or []
         return "fp8", None, 8, quant.get("exclude_modules") or []
     return (method or "none"), None, 16, []
 
@@ -328,6 +356,10 @@ MODEL_RULES = (
 )
 
 
+def _is_count(value, minimum=0):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= minimum
+
+
 def gpu_list(gpus):
     """The GPUs of the facts, [] on a host without any; PlanInputError for facts of another shape."""
     if not gpus or not gpus.get("present"):
@@ -335,9 +367,18 @@ def gpu_list(gpus):
     listed = gpus.get("gpus")
     if not isinstance(listed, list) or not all(isinstance(gpu, dict) for gpu in listed):
         raise PlanInputError("GPU facts: gpus must be a list of GPUs (the vllm_gpus fact of llmops.vllm.gpu_facts)")
-    for gpu in listed:
-        if not isinstance(gpu.get("memory_total_mib"), (int, float)) or gpu["memory_total_mib"] <= 0:
-            raise PlanInputError(f"GPU facts: GPU {gpu.get('index', '?')} has no memory_total_mib")
+    for position, gpu in enumerate(listed):
+        index = gpu.get("index", position)
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise PlanInputError(f"GPU facts: GPU {position + 1} has index {index!r}, not a GPU index (0, 1, ...)")
+        if not _is_count(gpu.get("memory_total_mib")) or gpu["memory_total_mib"] <= 0:
+            raise PlanInputError(f"GPU facts: GPU {index} has no memory_total_mib")
+        if not _is_count(gpu.get("memory_used_mib", 0)):
+            raise PlanInputError(f"GPU facts: GPU {index} has memory_used_mib {gpu['memory_used_mib']!r}, not MiB")
+    topology = gpus.get("topology") or {}
+    pairs = topology.get("pairs") or [] if isinstance(topology, dict) else None
+    if not isinstance(pairs, list) or not all(isinstance(pair, dict) for pair in pairs):
+        raise PlanInputError(f"GPU facts: topology must be a mapping with a list of pairs, got {topology!r}")
     return listed
 
 
@@ -572,7 +613,8 @@ def plan(entry, config=None, gpus=None, layout="default", **options):
     (generated models); gpus: the vllm_gpus facts, or None; layout: `default`, an alternative's name,
     `auto`, or a mapping of parallel sizes. options: max_model_len, checkpoint_bytes,
     runtime_overhead_bytes, model_path, host, port. Returns a dict with `ok`, the layout, its serve
-    arguments, the checks, the memory plan, warnings, and on failure `failed_rule` and `passing_layouts`.
+    arguments, the checks, the memory plan, warnings, and on failure `failed_rules` (every rule that failed;
+    `failed_rule` is the first), `reason` (what each found) and `passing_layouts`.
     """
     shape = None if config is None else model_shape(config)
     listed = gpu_list(gpus)
@@ -605,13 +647,16 @@ def plan(entry, config=None, gpus=None, layout="default", **options):
         "memory": memory,
         "layout_warnings": _warnings(shape, chosen, listed, (gpus or {}).get("topology") or {}, settings),
         "failed_rule": failures[0]["rule"] if failures else None,
+        "failed_rules": [failure["rule"] for failure in failures],
         "passing_layouts": [],
     }
     result["summary"] = _summary(entry, result)
     if failures:
         if shape is not None and listed:
             result["passing_layouts"] = passing_layouts(shape, listed, settings, _named_layouts(entry))
-        result["reason"] = f"{entry['name']} {chosen.describe()}: {failures[0]['detail']}"
+        result["reason"] = f"{entry['name']} {chosen.describe()}: " + "; ".join(
+            failure["detail"] for failure in failures
+        )
     return result
 
 
@@ -635,11 +680,13 @@ def _weights_note(item):
 
 
 def failure_message(result):
-    """One message for a failed plan: the rule, the reason, and what would pass."""
+    """One message for a failed plan: every rule that failed, what each found, and what would pass."""
     passing = result["passing_layouts"]
     if passing:
         alternatives = "; ".join(f"{item['name']} {item['layout']}{_weights_note(item)}" for item in passing[:6])
         advice = f"Layouts that pass on this host: {alternatives}"
     else:
         advice = "No layout of up to this host's GPUs passes."
-    return f"Layout rule {result['failed_rule']} failed for {result['reason']}. {advice}"
+    rules = result["failed_rules"]
+    named = f"rule {rules[0]}" if len(rules) == 1 else f"rules {', '.join(rules)}"
+    return f"Layout {named} failed for {result['reason']}. {advice}"

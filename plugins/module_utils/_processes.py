@@ -25,6 +25,8 @@ API_SERVER_TITLE = "VLLM::APIServer"
 TCP_LISTEN = "0A"
 TCP_TIME_WAIT = "06"
 UNIT_SUFFIXES = (".service", ".scope")
+# The units of the collection's vLLM instances are vllm-INSTANCE.service.
+VLLM_UNIT_PREFIX = "vllm-"
 
 
 @dataclass(frozen=True)
@@ -67,14 +69,22 @@ def unit_of(cgroup_text: str) -> str | None:
     return units[-1] if units else None
 
 
+def read_cmdline(base: str) -> str:
+    """A process's command line, "" while it cannot be read (hidepid=, a process starting or ending)."""
+    try:
+        with open(f"{base}/cmdline", "rb") as cmdline_file:
+            return cmdline_file.read().rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
+    except PermissionError:
+        return ""
+
+
 def read_process(pid: int, proc: str = PROC) -> Process | None:
     """One process, or None when it has exited meanwhile."""
     base = f"{proc}/{pid}"
     try:
         with open(f"{base}/stat") as stat_file:
             stat = parse_stat(stat_file.read())
-        with open(f"{base}/cmdline", "rb") as cmdline_file:
-            cmdline = cmdline_file.read().rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
+        cmdline = read_cmdline(base)
         with open(f"{base}/cgroup") as cgroup_file:
             unit = unit_of(cgroup_file.read())
         uid = os.stat(base).st_uid
@@ -90,8 +100,15 @@ def list_processes(proc: str = PROC) -> list[Process]:
 
 
 def is_vllm(process: Process) -> bool:
-    """A process of a vLLM server: the API server, its engine and workers (named VLLM::...)."""
-    return bool(VLLM_TITLE.match(process.name) or VLLM_TITLE.match(process.cmdline)) or "vllm" in process.cmdline
+    """A process of a vLLM server: the API server, its engine and workers (named VLLM::...).
+
+    A process that has just started (or is ending) may show an empty command line for a moment; its name
+    (`vllm`, the console script, or VLLM::...) and its cgroup (a vllm-*.service unit) still say what it is.
+    """
+    by_name = bool(VLLM_TITLE.match(process.name)) or process.name == "vllm"
+    by_unit = bool(process.unit and process.unit.startswith(VLLM_UNIT_PREFIX) and process.unit.endswith(".service"))
+    by_cmdline = bool(VLLM_TITLE.match(process.cmdline)) or "vllm" in process.cmdline
+    return by_name or by_unit or by_cmdline
 
 
 def is_engine(process: Process) -> bool:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import numbers
 import re
 
+from ansible_collections.llmops.vllm.plugins.module_utils._instance_record import API_KEY_VARIABLE
+
 WHOLE_NUMBER = re.compile(r"[0-9]+\Z")
 DECIMAL_NUMBER = re.compile(r"[0-9]*\.?[0-9]+\Z")
 
@@ -201,7 +203,7 @@ def build_server_environment(settings):
 
     settings keys: home, load_timeout (required); device (`cpu` adds the CPU build's KV-cache size,
     cpu_kvcache_space_gib), cuda_visible_devices, env (the catalog's and the user's, which may override
-    the defaults), api_key and hf_token (secrets: they go only here, never on the command line). Pure.
+    the defaults), api_key (a secret: it goes only here, never on the command line). Pure.
     """
     home = _required_text(settings, "home")
     load_timeout = _whole_number(settings.get("load_timeout"))
@@ -228,7 +230,6 @@ def build_server_environment(settings):
     if settings.get("cuda_visible_devices"):
         environment["CUDA_VISIBLE_DEVICES"] = str(settings["cuda_visible_devices"])
     environment.update({name: str(value) for name, value in env.items()})
-    for name, key in (("VLLM_API_KEY", "api_key"), ("HF_TOKEN", "hf_token")):
-        if settings.get(key):
-            environment[name] = settings[key]
+    if settings.get("api_key"):
+        environment[API_KEY_VARIABLE] = settings["api_key"]
     return environment

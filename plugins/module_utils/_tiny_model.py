@@ -66,6 +66,9 @@ def check_shape(params):
         )
     if params["vocab_size"] < 256 + len(SPECIAL_TOKENS):
         raise TinyModelError(f"vocab_size must hold the 256 bytes and {len(SPECIAL_TOKENS)} special tokens")
+    # numpy's generator takes seeds of 0 to 2**32 - 1.
+    if not 0 <= params["seed"] < 2**32:
+        raise TinyModelError(f"seed must be from 0 to {2**32 - 1}, got {params['seed']}")
     return params["hidden_size"] // params["num_attention_heads"]
 
 

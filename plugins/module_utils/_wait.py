@@ -35,9 +35,9 @@ class WaitResult:
 
 
 def positive_seconds(value: float, what: str) -> float:
-    """`value` as seconds, refusing zero and negative values with a message that names `what`."""
+    """`value` as seconds, refusing zero, negative and endless values with a message that names `what`."""
     seconds = float(value)
-    if seconds <= 0 or math.isnan(seconds):
+    if not 0 < seconds < math.inf:
         raise ValueError(f"{what} must be more than 0 seconds, got {value}")
     return seconds
 

@@ -267,6 +267,11 @@ def main():
         grace = positive_seconds(params["grace"], "grace")
         if params["consecutive"] < 1:
             raise ValueError(f"consecutive must be 1 or more, got {params['consecutive']}")
+        for name in ("max_used_mib", "max_above_baseline_mib"):
+            if params[name] is not None and params[name] < 0:
+                raise ValueError(f"{name} must be 0 MiB or more, got {params[name]}")
+        if params["gpus"] is not None and (not params["gpus"] or not all(gpu.strip() for gpu in params["gpus"])):
+            raise ValueError(f"gpus must name GPUs by index or UUID (or all), got {params['gpus']}")
         wanted, gpus_from = wanted_gpus(module)
     except (ValueError, GpuSelectionError) as error:
         module.fail_json(msg=str(error))

@@ -28,7 +28,7 @@ attributes:
     support: full
 options:
   path:
-    description: Directory of the checkpoint; created when missing.
+    description: Directory of the checkpoint, an absolute path; created when missing.
     type: path
     required: true
   vocab_size:
@@ -73,7 +73,7 @@ options:
     type: bool
     default: true
   seed:
-    description: Seed of the random weights, so two hosts get the same checkpoint.
+    description: Seed of the random weights, from 0 to 2**32 - 1, so two hosts get the same checkpoint.
     type: int
     default: 0
 """
@@ -119,6 +119,7 @@ num_parameters:
   sample: 1180928
 """
 
+import os
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
@@ -170,6 +171,8 @@ def main():
     )
     path = module.params["path"]
     params = {key: module.params[key] for key in (*SHAPE_OPTIONS, "dtype", "weights", "seed")}
+    if not os.path.isabs(path):
+        module.fail_json(msg=f"path must be an absolute directory, got {path!r}")
     try:
         check_shape(params)
     except TinyModelError as error:

@@ -36,16 +36,27 @@ attributes:
     details: The module never changes the target; it reports C(changed=false).
 options:
   url:
-    description: Base URL of the server, for example V(http://127.0.0.1:8000) (a trailing C(/v1) is accepted).
+    description:
+      - Base URL of the server, for example V(http://127.0.0.1:8000) (a trailing C(/v1) is accepted).
+      - One of O(url) and O(instance) is required.
     type: str
-    required: true
   model:
-    description: The served model name that the requests ask for.
+    description: The served model name that the requests ask for; required with O(url).
     type: str
-    required: true
   api_key:
-    description: Sent as C(Authorization Bearer) when set (vLLM's C(--api-key)).
+    description: Sent as C(Authorization Bearer) when set (vLLM's C(--api-key)), with O(url).
     type: str
+  instance:
+    description:
+      - Benchmark an instance of this host by name. Its record (O(config_dir)/INSTANCE.json, see
+        M(llmops.vllm.vllm_instance)) gives the URL, the served name and the API key (read from the
+        EnvironmentFile the record names; never logged).
+      - Only where the module runs on the instance's host; from elsewhere give O(url), O(model) and O(api_key).
+    type: str
+  config_dir:
+    description: Where the instance records lie, for O(instance).
+    type: path
+    default: /etc/vllm
   endpoint:
     description: The OpenAI API to call.
     type: str
@@ -246,6 +257,7 @@ ansible_facts:
 """
 
 import json
+import math
 import os
 import traceback
 
@@ -260,6 +272,12 @@ from ansible_collections.llmops.vllm.plugins.module_utils._bench import (
     random_token_prompts,
     regressions,
     run_level,
+)
+from ansible_collections.llmops.vllm.plugins.module_utils._instance_record import (
+    DEFAULT_CONFIG_DIR,
+    RecordError,
+    api_key,
+    find,
 )
 
 try:
@@ -284,16 +302,30 @@ def prompts_for(tokenizer, count, input_len, seed):
     return [(prompt, input_len) for prompt in random_token_prompts(tokenizer, count, input_len, seed)]
 
 
-def read_baseline(baseline):
+def read_baseline(baseline, metrics):
+    """The baseline's levels, each with a concurrency and every metric to compare; BenchError otherwise."""
     if isinstance(baseline, str):
         try:
             with open(baseline, encoding="utf-8") as handle:
                 baseline = json.load(handle)
         except (OSError, ValueError) as error:
             raise BenchError(f"cannot read the baseline {baseline}: {error}") from error
-    if not isinstance(baseline, dict) or not isinstance(baseline.get("levels"), list):
+    if not isinstance(baseline, dict) or not isinstance(baseline.get("levels"), list) or not baseline["levels"]:
         raise BenchError("the baseline must be a saved result: a dict (or JSON file) with a list `levels`")
+    for position, level in enumerate(baseline["levels"]):
+        if not isinstance(level, dict) or not _is_number(level.get("max_concurrency")):
+            raise BenchError(f"the baseline's level {position + 1} is {level!r}, not a level with max_concurrency")
+        missing = [metric for metric in metrics if not _is_number(level.get(metric))]
+        if missing:
+            raise BenchError(
+                f"regression_metrics {missing} are not numbers in the baseline's level C={level['max_concurrency']}; "
+                "name metrics of a vllm_bench result such as output_throughput or median_ttft_ms"
+            )
     return baseline["levels"]
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def check_options(params):
@@ -303,15 +335,31 @@ def check_options(params):
     for name in ("input_len", "output_len"):
         if params[name] < 1:
             raise BenchError(f"{name} must be 1 or more, got {params[name]}")
+    for name in ("warmup_requests", "seed"):
+        if params[name] < 0:
+            raise BenchError(f"{name} must be 0 or more, got {params[name]}")
+    if not params["model"] or any(char.isspace() for char in params["model"]):
+        raise BenchError(f"model must be the served model name, without spaces, got {params['model']!r}")
     if params["num_requests"] is not None and params["num_requests"] < 1:
         raise BenchError(f"num_requests must be 1 or more, got {params['num_requests']}")
-    if params["duration"] is not None and params["duration"] <= 0:
-        raise BenchError(f"duration must be more than 0 seconds, got {params['duration']}")
-    if params["request_timeout"] <= 0:
-        raise BenchError(f"request_timeout must be more than 0 seconds, got {params['request_timeout']}")
-    unknown = set(params["goodput"] or {}) - set(SLO_KEYS)
+    for name in ("duration", "request_timeout"):
+        if params[name] is not None and not 0 < params[name] < math.inf:
+            raise BenchError(f"{name} must be more than 0 seconds, got {params[name]}")
+    if not 0 <= params["max_failed_percent"] <= 100:
+        raise BenchError(f"max_failed_percent must be from 0 to 100, got {params['max_failed_percent']}")
+    if not 0 <= params["max_regression_percent"] < math.inf:
+        raise BenchError(f"max_regression_percent must be 0 or more, got {params['max_regression_percent']}")
+    goodput = params["goodput"] or {}
+    unknown = set(goodput) - set(SLO_KEYS)
     if unknown:
         raise BenchError(f"goodput takes the keys {', '.join(SLO_KEYS)}; unknown: {', '.join(sorted(unknown))}")
+    for key, value in goodput.items():
+        try:
+            good = 0 < float(value) < math.inf
+        except (TypeError, ValueError):
+            good = False
+        if isinstance(value, bool) or not good:
+            raise BenchError(f"goodput.{key} must be a number of milliseconds above 0, got {value!r}")
     bad_percentiles = [p for p in params["percentiles"] if not 0 < p < 100]
     if bad_percentiles:
         raise BenchError(f"percentiles must be between 0 and 100 (exclusive), got {bad_percentiles}")
@@ -378,9 +426,11 @@ def failed_levels(levels, max_failed_percent):
 def main():
     module = AnsibleModule(
         argument_spec={
-            "url": {"type": "str", "required": True},
-            "model": {"type": "str", "required": True},
+            "url": {"type": "str"},
+            "model": {"type": "str"},
             "api_key": {"type": "str", "no_log": True},
+            "instance": {"type": "str"},
+            "config_dir": {"type": "path", "default": DEFAULT_CONFIG_DIR},
             "endpoint": {"type": "str", "choices": ["completions", "chat"], "default": "completions"},
             "concurrency": {"type": "list", "elements": "int", "default": [1]},
             "num_requests": {"type": "int"},
@@ -400,13 +450,28 @@ def main():
             "max_regression_percent": {"type": "float", "default": 10},
             "validate_certs": {"type": "bool", "default": True},
         },
-        mutually_exclusive=[("num_requests", "duration")],
+        mutually_exclusive=[
+            ("num_requests", "duration"),
+            *(("instance", name) for name in ("url", "model", "api_key")),
+        ],
+        required_one_of=[("url", "instance")],
+        required_by={"url": "model"},
         supports_check_mode=True,
     )
     params = module.params
+    if params["instance"] is not None:
+        try:
+            record = find(params["config_dir"], params["instance"])
+            params.update(url=record["url"], model=record["served_name"], api_key=api_key(record))
+        except RecordError as error:
+            module.fail_json(msg=str(error))
+        if params["api_key"]:
+            module.no_log_values.add(params["api_key"])
     try:
         check_options(params)
-        baseline_levels = read_baseline(params["baseline"]) if params["baseline"] is not None else None
+        baseline_levels = (
+            read_baseline(params["baseline"], params["regression_metrics"]) if params["baseline"] is not None else None
+        )
         target = Target.build(
             params["url"],
             params["endpoint"],

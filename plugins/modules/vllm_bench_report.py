@@ -122,6 +122,31 @@ def reports(results, formats):
     return files
 
 
+# What the reports read: of each result's summary, and of each of its levels (numbers).
+SUMMARY_FIELDS = ("model", "endpoint", "input_len", "output_len", "prompt_source")
+LEVEL_FIELDS = ("max_concurrency", "output_throughput", "median_ttft_ms", "median_tpot_ms", "failed")
+
+
+def result_problem(host, result):
+    """Why one host's result cannot be reported, or None."""
+    if not isinstance(result, dict) or not isinstance(result.get("levels"), list) or not result["levels"]:
+        return f"{host} has no list of levels"
+    summary = result.get("summary")
+    if not isinstance(summary, dict) or any(field not in summary for field in SUMMARY_FIELDS):
+        return f"{host} has no summary with {', '.join(SUMMARY_FIELDS)}"
+    for position, level in enumerate(result["levels"]):
+        missing = [
+            field
+            for field in LEVEL_FIELDS
+            if not isinstance(level, dict)
+            or isinstance(level.get(field), bool)
+            or not isinstance(level.get(field), (int, float))
+        ]
+        if missing:
+            return f"{host}'s level {position + 1} lacks the numbers {', '.join(missing)}"
+    return None
+
+
 def differs(path, content):
     try:
         with open(path, "rb") as handle:
@@ -145,14 +170,16 @@ def main():
         supports_check_mode=True,
     )
     results, dest, formats = module.params["results"], module.params["dest"], module.params["formats"]
-    malformed = sorted(
-        host for host, result in results.items() if not isinstance(result, dict) or "levels" not in result
-    )
-    if not results or malformed:
+    problems = [
+        problem for host, result in sorted(results.items()) for problem in [result_problem(host, result)] if problem
+    ]
+    if not results or problems:
         module.fail_json(
             msg="results must map each host to its vllm_bench result (with summary and levels); "
-            + (f"not one for {', '.join(malformed)}" if malformed else "it is empty")
+            + ("; ".join(problems) if problems else "it is empty")
         )
+    if not os.path.isabs(dest):
+        module.fail_json(msg=f"dest must be an absolute directory, got {dest!r}")
     if "png" in formats and MATPLOTLIB_IMPORT_ERROR:
         module.fail_json(
             msg=missing_required_lib("matplotlib")

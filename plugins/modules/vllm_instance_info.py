@@ -10,19 +10,20 @@ short_description: List the vLLM instances of a host, each with its unit's state
 version_added: 0.2.0
 author: llmops.vllm contributors (@llmops-vllm)
 description:
-  - Reads the instance records that the C(vllm_server) role writes, one C(INSTANCE.json) per instance in
-    O(config_dir), and returns each record's fields with the live state of the instance.
+  - Reads the instance records that M(llmops.vllm.vllm_instance) writes (the C(vllm_server) role runs it), one
+    C(INSTANCE.json) per instance in O(config_dir), and returns each record's fields with the live state of the
+    instance.
   - From systemd, through C(systemctl show), the unit's active and sub state, whether it is enabled, its main
     PID, how long it has been active and how often systemd restarted it; from its journal, how the engine
     died when a run ended by itself.
-  - From the server, when the unit is active and O(metrics) is true, whether C(/health) answers 200 and, from
-    C(/metrics), the requests running and waiting in the engine and the fraction of the KV cache in use.
-    Both paths are open without the API key.
-  - Only the C(*.json) records are opened. The C(INSTANCE.env) files beside them hold secrets and are never
-    read.
-  - A record that is not valid JSON, or lacks C(instance), C(unit) or C(port), fails the module with the
-    file's name, whichever instances O(instances) asks for. A host without O(config_dir) has no instance,
-    which is no failure.
+  - From the server, at the record's C(url), when the unit is active and O(metrics) is true, whether
+    C(/health) answers 200 and, from C(/metrics), the requests running and waiting in the engine and the
+    fraction of the KV cache in use. Both paths are open without the API key.
+  - Only the C(*.json) records are opened. The C(INSTANCE.env) files beside them hold secrets and are read
+    only with O(include_api_key).
+  - A record that is not valid JSON, or lacks a field or has one of the wrong type, fails the module with the
+    file's name and what is wrong, whichever instances O(instances) asks for. A host without O(config_dir)
+    has no instance, which is no failure.
 extends_documentation_fragment:
   - llmops.vllm.attributes
 attributes:
@@ -53,6 +54,14 @@ options:
     description: Seconds that each HTTP request to a server may take.
     type: float
     default: 2.0
+  include_api_key:
+    description:
+      - Add each instance's API key as RV(instances[].api_key), read from the EnvironmentFile that its record
+        names (C(secrets)), for a client that runs elsewhere (a benchmark from the controller).
+      - The result then holds secrets; register it in a task with C(no_log=true). Modules on the host itself
+        read the key from the record on their own (O(llmops.vllm.vllm_service#module:instance)).
+    type: bool
+    default: false
 seealso:
   - module: llmops.vllm.vllm_service
 """
@@ -81,9 +90,9 @@ RETURN = r"""
 instances:
   description:
     - The instances that have a record, sorted by name, or only those asked for in O(instances).
-    - Each holds the record's own fields (C(instance), C(unit), C(model), C(served_name), C(port), C(url),
-      C(gpus), C(model_path), C(vllm_version), C(python), C(layout), as far as the record has them) and the live
-      fields below.
+    - Each holds the record's own fields (C(instance), C(unit), C(model), C(served_name), C(host), C(port),
+      C(url), C(gpus), C(model_path), C(python), C(vllm_version), C(layout), C(load_timeout), C(drain_timeout),
+      C(stop_timeout) and C(secrets), where the API key lives) and the live fields below.
   returned: always
   type: list
   elements: dict
@@ -97,6 +106,26 @@ instances:
     port:
       description: The port its server listens on, from its record.
       type: int
+    url:
+      description: Where the host reaches its server, from its record.
+      type: str
+    load_timeout:
+      description: Seconds its start may take until it serves, from its record.
+      type: int
+    secrets:
+      description: Where its API key lives (C(environment_file), C(api_key_variable)); never the key.
+      type: dict
+    outdated:
+      description:
+        - The fields that the record lacks because an older release of the collection wrote it; empty for a
+          current record. Such an instance is listed, but M(llmops.vllm.vllm_service) and M(llmops.vllm.vllm_bench)
+          refuse to act on it until it is deployed again.
+      type: list
+      elements: str
+    api_key:
+      description: The instance's API key; null when it has none.
+      returned: with O(include_api_key)
+      type: str
     gpus:
       description: The GPU indexes the instance uses, from its record; empty when it uses all GPUs or the host has none.
       type: list
@@ -155,6 +184,7 @@ instances:
       unit: vllm-tiny.service
       model: tiny
       served_name: tiny
+      host: 0.0.0.0
       port: 8000
       url: http://127.0.0.1:8000
       gpus: [0, 1]
@@ -162,6 +192,11 @@ instances:
       vllm_version: 0.32.0
       python: /opt/vllm/venv/bin/python
       layout: {"tensor_parallel_size": 1}
+      load_timeout: 300
+      drain_timeout: 10
+      stop_timeout: 30
+      secrets: {"environment_file": "/etc/vllm/tiny.env", "api_key_variable": "VLLM_API_KEY"}
+      outdated: []
       active_state: active
       sub_state: running
       enabled: true
@@ -175,97 +210,30 @@ instances:
       kv_cache_usage: 0.12
 """
 
-import json
 import math
-import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.llmops.vllm.plugins.module_utils._instance_record import (
+    DEFAULT_CONFIG_DIR,
+    RecordError,
+    api_key,
+    choose,
+    read_records,
+)
 from ansible_collections.llmops.vllm.plugins.module_utils._unit import Unit, UnitError, UnitState
 from ansible_collections.llmops.vllm.plugins.module_utils._vllm_api import (
     KV_CACHE_USAGE,
     REQUESTS_RUNNING,
     REQUESTS_WAITING,
-    check_base_url,
     get,
     metric_samples,
     metric_total,
 )
 from ansible_collections.llmops.vllm.plugins.module_utils._wait import positive_seconds
 
-RECORD_SUFFIX = ".json"
-REQUIRED_FIELDS = ("instance", "unit", "port")
 NOT_ASKED = {"serving": None, "requests_running": None, "requests_waiting": None, "kv_cache_usage": None}
-
-
-class RecordError(Exception):
-    """An instance record cannot be used."""
-
-
-def read_record(path: str) -> dict:
-    """One instance record, checked; RecordError names the file and what is wrong with it."""
-    fix = "the vllm_server role writes it: deploy the instance again, or remove the file if it is gone"
-    try:
-        with open(path, encoding="utf-8") as record_file:
-            record = json.load(record_file)
-    except OSError as error:
-        raise RecordError(f"Cannot read the instance record {path}: {error.strerror or error}") from error
-    except ValueError as error:
-        raise RecordError(f"The instance record {path} is not valid JSON ({error}); {fix}") from error
-    if not isinstance(record, dict):
-        raise RecordError(f"The instance record {path} holds a {type(record).__name__}, not an object; {fix}")
-    missing = [field for field in REQUIRED_FIELDS if field not in record]
-    if missing:
-        raise RecordError(f"The instance record {path} lacks {', '.join(missing)}; {fix}")
-    for field in ("instance", "unit"):
-        if not isinstance(record[field], str) or not record[field]:
-            raise RecordError(f"The instance record {path} has {field} {record[field]!r}, not a name; {fix}")
-    port = record["port"]
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-        raise RecordError(f"The instance record {path} has port {port!r}, not a port number; {fix}")
-    try:
-        check_base_url(server_url(record))
-    except ValueError as error:
-        raise RecordError(f"The instance record {path} cannot be used: {error}; {fix}") from error
-    return record
-
-
-def read_records(config_dir: str) -> list[dict]:
-    """The records of every instance in config_dir, sorted by instance name; [] without the directory."""
-    if not os.path.exists(config_dir):
-        return []
-    if not os.path.isdir(config_dir):
-        raise RecordError(f"config_dir {config_dir} is not a directory")
-    # Only the records are opened: the INSTANCE.env files beside them hold secrets.
-    paths = [os.path.join(config_dir, entry) for entry in sorted(os.listdir(config_dir))]
-    found = {}
-    for path in paths:
-        if path.endswith(RECORD_SUFFIX) and os.path.isfile(path):
-            record = read_record(path)
-            if record["instance"] in found:
-                first = found[record["instance"]][0]
-                raise RecordError(f"The instance records {first} and {path} both name instance {record['instance']}")
-            found[record["instance"]] = (path, record)
-    return [found[name][1] for name in sorted(found)]
-
-
-def choose(records: list[dict], names: list[str] | None, config_dir: str) -> list[dict]:
-    """The records of the instances asked for; RecordError names those without one."""
-    if names is None:
-        return records
-    known = [record["instance"] for record in records]
-    unknown = [name for name in names if name not in known]
-    if unknown:
-        here = ", ".join(known) if known else "none"
-        raise RecordError(
-            f"No instance record for {', '.join(unknown)} in {config_dir}; the instances here are: {here}"
-        )
-    return [record for record in records if record["instance"] in names]
-
-
-def server_url(record: dict) -> str:
-    return record.get("url") or f"http://127.0.0.1:{record['port']}"
 
 
 def uptime(state: UnitState, now: float) -> float | None:
@@ -322,7 +290,7 @@ def server_fields(url: str, timeout: float) -> dict:
 
 
 def describe(record: dict, run_command, metrics: bool, timeout: float) -> dict:
-    """A record with its unit's state and, when the unit is active, its server's."""
+    """A record with its unit's state and, when the unit is active, its server's (at the record's URL)."""
     unit = Unit(record["unit"], run_command)
     state = unit.state()
     live = unit_fields(state, time.monotonic())
@@ -330,17 +298,19 @@ def describe(record: dict, run_command, metrics: bool, timeout: float) -> dict:
     restarted_or_down = state.exists and (state.restarts or state.stopped or state.crashed)
     live["engine_death"] = unit.last_engine_death(state.stopped) if restarted_or_down else None
     active = live["active_state"] == "active"
-    server = server_fields(check_base_url(server_url(record)), timeout) if active and metrics else NOT_ASKED
+    # A record of an older release may lack the URL: its server is not asked.
+    server = server_fields(record["url"], timeout) if active and metrics and "url" in record else NOT_ASKED
     return {**record, **live, **server}
 
 
 def main():
     module = AnsibleModule(
         argument_spec={
-            "config_dir": {"type": "path", "default": "/etc/vllm"},
+            "config_dir": {"type": "path", "default": DEFAULT_CONFIG_DIR},
             "instances": {"type": "list", "elements": "str"},
             "metrics": {"type": "bool", "default": True},
             "timeout": {"type": "float", "default": 2.0},
+            "include_api_key": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )
@@ -355,8 +325,13 @@ def main():
         module.fail_json(msg=str(error))
     try:
         instances = [describe(record, module.run_command, module.params["metrics"], timeout) for record in records]
+        if module.params["include_api_key"]:
+            for instance in instances:
+                instance["api_key"] = api_key(instance)
     except UnitError as error:
         module.fail_json(msg=f"Reading the state of a vLLM unit failed: {error}")
+    except RecordError as error:
+        module.fail_json(msg=str(error))
     module.exit_json(changed=False, instances=instances)
 
 

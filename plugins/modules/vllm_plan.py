@@ -189,6 +189,12 @@ failed_rule:
   returned: always
   type: str
   sample: quantization_alignment
+failed_rules:
+  description: Every rule that failed, in the order of RV(checks); the failure's message names each with what it found.
+  returned: always
+  type: list
+  elements: str
+  sample: [attention_heads, kv_heads]
 passing_layouts:
   description: On failure, the layouts that pass on this host, each with its name, layout, GPUs and memory figures.
   returned: always
@@ -200,12 +206,19 @@ passing_layouts:
 
 import glob
 import json
+import math
 import os
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.llmops.vllm.plugins.module_utils._catalog import DERIVED_KEYS, CatalogError, check_entry
-from ansible_collections.llmops.vllm.plugins.module_utils._planner import GIB, PlanInputError, failure_message, plan
+from ansible_collections.llmops.vllm.plugins.module_utils._planner import (
+    GIB,
+    PlanInputError,
+    failure_message,
+    gpu_list,
+    plan,
+)
 from ansible_collections.llmops.vllm.plugins.module_utils._serve_command import ServeSpecError
 from ansible_collections.llmops.vllm.plugins.module_utils._weights import (
     HUB_ENDPOINT,
@@ -235,10 +248,29 @@ def fetch_hub_config(module):
     try:
         return read_source_json(source, "config.json")
     except WeightsError as error:
-        hint = " (a gated or private repository: set hub_token)" if error.status in (401, 403) else ""
+        hint = (
+            " (a gated or private repository: set hub_token, vllm_hub_token in the playbooks)"
+            if error.status in (401, 403)
+            else ""
+        )
         module.fail_json(
             msg=f"Cannot read config.json of {params['hub_repo']} at {params['hub_revision']}: {error}{hint}"
         )
+
+
+def option_problems(params):
+    """What is wrong with the numeric options, one phrase each; checked before the hub is asked."""
+    optional_at_least_one = ("checkpoint_bytes", "max_model_len")
+    problems = [
+        f"{name} must be a whole number of at least 1, got {params[name]}"
+        for name in optional_at_least_one
+        if params[name] is not None and params[name] < 1
+    ]
+    if params["timeout"] < 1:
+        problems.append(f"timeout must be 1 second or more, got {params['timeout']}")
+    if not 0 <= params["runtime_overhead_gib"] < math.inf:
+        problems.append(f"runtime_overhead_gib must be 0 GiB or more, got {params['runtime_overhead_gib']}")
+    return problems
 
 
 def main():
@@ -271,6 +303,16 @@ def main():
         entry = check_entry(name, {key: value for key, value in params["model"].items() if key not in DERIVED_KEYS})
     except CatalogError as error:
         module.fail_json(msg=str(error))
+    problems = option_problems(params)
+    layout = params["layout"]
+    if not isinstance(layout, (str, dict)):
+        problems.append(f"layout must be auto, default, an alternative's name or a mapping, got {layout!r}")
+    try:
+        gpu_list(params["gpus"])
+    except PlanInputError as error:
+        problems.append(str(error))
+    if problems:
+        module.fail_json(msg=f"Cannot plan {name}: " + "; ".join(problems))
 
     config, local_bytes = params["config"], None
     if params["config_path"]:
@@ -281,9 +323,6 @@ def main():
     elif params["hub_repo"]:
         config = fetch_hub_config(module)
 
-    layout = params["layout"]
-    if not isinstance(layout, (str, dict)):
-        module.fail_json(msg=f"layout must be auto, default, an alternative's name or a mapping, got {layout!r}")
     try:
         result = plan(
             entry,

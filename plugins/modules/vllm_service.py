@@ -45,9 +45,23 @@ attributes:
     details: O(state=restarted) always restarts.
 options:
   name:
-    description: The unit, for example C(vllm-tiny.service); C(.service) is added when no suffix is given.
+    description:
+      - The unit, for example C(vllm-tiny.service); C(.service) is added when no suffix is given.
+      - One of O(name) and O(instance) is required.
     type: str
-    required: true
+  instance:
+    description:
+      - An instance deployed by the C(vllm_server) role, by name. Its record (O(config_dir)/INSTANCE.json, see
+        M(llmops.vllm.vllm_instance)) gives the unit, the URL where the host reaches the server, the served
+        name, the API key (read from the EnvironmentFile the record names; never logged) and the load, drain
+        and stop timeouts, so none of them is given here, and a rollback starts an old instance with its own
+        key and timeouts.
+      - O(load_timeout), O(drain_timeout) and O(stop_timeout), when set, replace the record's.
+    type: str
+  config_dir:
+    description: Where the instance records lie, for O(instance).
+    type: path
+    default: /etc/vllm
   state:
     description:
       - V(started) starts the unit unless it runs, and waits until it serves in both cases.
@@ -57,30 +71,33 @@ options:
     required: true
     choices: [started, stopped, restarted]
   url:
-    description: Base URL where the server answers on this host.
+    description:
+      - Base URL where the server answers on this host, with O(name).
+      - V(http://127.0.0.1:8000) when not set.
     type: str
-    default: http://127.0.0.1:8000
   served_name:
-    description: The model name the server must list on C(/v1/models). Required to start.
+    description: The model name the server must list on C(/v1/models). Required to start with O(name).
     type: str
   api_key:
-    description: The server's API key, for C(/v1/models). C(/health) and C(/metrics) need none.
+    description: The server's API key, for C(/v1/models), with O(name). C(/health) and C(/metrics) need none.
     type: str
   load_timeout:
-    description: Seconds from the start until the model must serve. Large models load for 10 minutes or more.
+    description:
+      - Seconds from the start until the model must serve. Large models load for 10 minutes or more.
+      - The record's with O(instance), else V(600).
     type: float
-    default: 600
   drain_timeout:
     description:
       - Seconds in which in-flight requests may finish after SIGTERM, watched through C(/metrics).
-      - By default the server's own C(--shutdown-timeout) from the unit's command line; vLLM stops taking
-        requests and finishes the running ones for that long. V(0) means no drain. A server started without
-        C(--shutdown-timeout) aborts its requests at SIGTERM whatever this says.
+      - The record's with O(instance); else the server's own C(--shutdown-timeout) from the unit's command
+        line. vLLM stops taking requests and finishes the running ones for that long. V(0) means no drain. A
+        server started without C(--shutdown-timeout) aborts its requests at SIGTERM whatever this says.
     type: float
   stop_timeout:
-    description: Seconds the server gets to exit after SIGTERM (after the drain) before SIGKILL.
+    description:
+      - Seconds the server gets to exit after SIGTERM (after the drain) before SIGKILL.
+      - The record's with O(instance), else V(30).
     type: float
-    default: 30
   kill_timeout:
     description: Seconds that processes get to die after SIGKILL before the module fails naming them.
     type: float
@@ -108,7 +125,12 @@ seealso:
 """
 
 EXAMPLES = r"""
-- name: Start tiny and wait until it serves
+- name: Start the instance tiny as its record says, and wait until it serves
+  llmops.vllm.vllm_service:
+    instance: tiny
+    state: started
+
+- name: Start a unit of your own and wait until it serves tiny
   llmops.vllm.vllm_service:
     name: vllm-tiny.service
     state: started
@@ -242,10 +264,16 @@ journal:
   elements: str
 """
 
+import re
 import time
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.llmops.vllm.plugins.module_utils._instance_record import (
+    DEFAULT_CONFIG_DIR,
+    api_key,
+    find,
+)
 from ansible_collections.llmops.vllm.plugins.module_utils._unit import Unit, UnitError, needs_daemon_reload
 from ansible_collections.llmops.vllm.plugins.module_utils._vllm_api import check_base_url
 from ansible_collections.llmops.vllm.plugins.module_utils._vllm_service import Lifecycle, ServiceError, Settings
@@ -253,20 +281,48 @@ from ansible_collections.llmops.vllm.plugins.module_utils._wait import positive_
 
 POSITIVE_SECONDS = ("load_timeout", "stop_timeout", "kill_timeout", "orphan_grace", "poll_interval")
 UNIT_SUFFIXES = (".service", ".scope", ".target", ".socket", ".mount", ".timer", ".path", ".slice")
+# The characters systemd allows in a unit name.
+UNIT_NAME = re.compile(r"[A-Za-z0-9:_.@\\-]+\Z")
+# Without an instance record: the unit's server on loopback, and bounds that fit a small model.
+DEFAULT_URL = "http://127.0.0.1:8000"
+DEFAULT_SECONDS = {"load_timeout": 600, "stop_timeout": 30}
 
 
-def settings_from(params) -> Settings:
-    """Settings from the module's parameters; ValueError names the first bad one."""
-    seconds = {name: positive_seconds(params[name], name) for name in POSITIVE_SECONDS}
-    drain = params["drain_timeout"]
-    if drain is not None and drain < 0:
+def target_from(params) -> tuple[str, dict]:
+    """(unit, what the server is) from the instance's record, or from the options without one.
+
+    The dict has url, served_name and api_key, and the record's timeouts (empty without a record); a
+    RecordError says why the instance cannot be used.
+    """
+    if params["instance"] is None:
+        if not UNIT_NAME.match(params["name"]):
+            raise ValueError(f"name must be a systemd unit name such as vllm-tiny.service, got {params['name']!r}")
+        served = {"url": params["url"] or DEFAULT_URL, "served_name": params["served_name"]}
+        return params["name"], {**served, "api_key": params["api_key"]}
+    record = find(params["config_dir"], params["instance"])
+    timeouts = {name: record[name] for name in ("load_timeout", "drain_timeout", "stop_timeout")}
+    served = {"url": record["url"], "served_name": record["served_name"], "api_key": api_key(record)}
+    return record["unit"], {**served, **timeouts}
+
+
+def settings_from(params, target: dict) -> Settings:
+    """Settings from the module's parameters over the target's; ValueError names the first bad one."""
+    given = {name: params[name] for name in ("load_timeout", "stop_timeout", "drain_timeout")}
+    chosen = {name: target.get(name) if given[name] is None else given[name] for name in given}
+    for name, default in DEFAULT_SECONDS.items():
+        chosen[name] = default if chosen[name] is None else chosen[name]
+    seconds = {name: positive_seconds({**params, **chosen}[name], name) for name in POSITIVE_SECONDS}
+    drain = chosen["drain_timeout"]
+    if drain is not None and not drain >= 0:
         raise ValueError(f"drain_timeout must be 0 (no drain) or more seconds, got {drain:g}")
     if params["journal_lines"] < 1:
         raise ValueError(f"journal_lines must be 1 or more, got {params['journal_lines']}")
+    if params["state"] != "stopped" and not target["served_name"]:
+        raise ValueError(f"served_name is required to start the unit (state={params['state']}), or give instance")
     return Settings(
-        url=check_base_url(params["url"]),
-        served_name=params["served_name"],
-        api_key=params["api_key"],
+        url=check_base_url(target["url"]),
+        served_name=target["served_name"],
+        api_key=target["api_key"],
         drain_timeout=drain,
         kill_orphans=params["kill_orphans"],
         journal_lines=params["journal_lines"],
@@ -305,32 +361,37 @@ def engine_death_summary(death: str, restarts: int) -> str:
 def main():
     module = AnsibleModule(
         argument_spec={
-            "name": {"type": "str", "required": True},
+            "name": {"type": "str"},
+            "instance": {"type": "str"},
+            "config_dir": {"type": "path", "default": DEFAULT_CONFIG_DIR},
             "state": {"type": "str", "required": True, "choices": ["started", "stopped", "restarted"]},
-            "url": {"type": "str", "default": "http://127.0.0.1:8000"},
+            "url": {"type": "str"},
             "served_name": {"type": "str"},
             "api_key": {"type": "str", "no_log": True},
-            "load_timeout": {"type": "float", "default": 600},
+            "load_timeout": {"type": "float"},
             "drain_timeout": {"type": "float"},
-            "stop_timeout": {"type": "float", "default": 30},
+            "stop_timeout": {"type": "float"},
             "kill_timeout": {"type": "float", "default": 10},
             "kill_orphans": {"type": "bool", "default": False},
             "orphan_grace": {"type": "float", "default": 5},
             "poll_interval": {"type": "float", "default": 1},
             "journal_lines": {"type": "int", "default": 40},
         },
-        required_if=[("state", "started", ["served_name"]), ("state", "restarted", ["served_name"])],
+        required_one_of=[("name", "instance")],
+        mutually_exclusive=[("instance", option) for option in ("name", "url", "served_name", "api_key")],
         supports_check_mode=True,
     )
     started = time.monotonic()
     state = module.params["state"]
-    name = module.params["name"]
+    try:
+        name, target = target_from(module.params)
+        settings = settings_from(module.params, target)
+    except ValueError as error:  # RecordError included
+        module.fail_json(msg=str(error))
+    if settings.api_key:  # read from the instance's EnvironmentFile: never shown
+        module.no_log_values.add(settings.api_key)
     if not name.endswith(UNIT_SUFFIXES):
         name += ".service"
-    try:
-        settings = settings_from(module.params)
-    except ValueError as error:
-        module.fail_json(msg=str(error))
 
     unit = Unit(name, module.run_command)
     lifecycle = Lifecycle(unit, settings)

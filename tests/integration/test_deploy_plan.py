@@ -59,3 +59,37 @@ def test_user_entry_with_a_layout_that_cannot_load_fails_at_the_plan(tmp_path, h
     # Nothing after the plan ran: no role task was reached.
     assert "vllm_install" not in output
     assert "Deploy the planned layout" not in output
+
+
+TINY_CONFIG = {"architectures": ["LlamaForCausalLM"], "hidden_size": 256, "intermediate_size": 512,
+               "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+               "max_position_embeddings": 4096, "vocab_size": 512}  # fmt: skip
+
+
+def test_one_hub_token_reaches_the_plan_and_the_download(tmp_path, hub_server):
+    """The planner read the hub with vllm_server_hf_token, the download with vllm_weights_hub_token: a gated
+    repository needed both. vllm_hub_token reaches both: the plan's config.json and the weights' file list."""
+    token = "hf_gated_repo_token_81c3"
+    config = json.dumps(TINY_CONFIG).encode()
+    info = json.dumps({"sha": "c" * 40, "siblings": [{"rfilename": "config.json", "size": len(config)}]}).encode()
+    endpoint, requests = hub_server(
+        {"/me/gated-tiny/resolve/v1/config.json": config, "/api/models/me/gated-tiny/revision/v1?blobs=true": info},
+        token=token,
+    )
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    (catalog / "gated_tiny.yml").write_text(
+        "source: {kind: hub, repo: me/gated-tiny, revision: v1}\nserved_name: gated-tiny\n"
+    )
+    proc = deploy(
+        tmp_path, "--tags", "preflight", "-e", "model=gated_tiny", "-e", f"vllm_catalog_paths={catalog}",
+        "-e", f"vllm_weights_hub_endpoint={endpoint}", "-e", f"vllm_hub_token={token}",
+        "-e", f"vllm_weights_root={tmp_path / 'models'}",
+    )  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    assert [(request["path"], request["authorization"]) for request in requests] == [
+        ("/me/gated-tiny/resolve/v1/config.json", f"Bearer {token}"),
+        ("/api/models/me/gated-tiny/revision/v1?blobs=true", f"Bearer {token}"),
+    ]
+    assert token not in output

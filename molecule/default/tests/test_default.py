@@ -149,3 +149,24 @@ def test_completion_streams_every_token(streamed):
     assert streamed["usage"]["completion_tokens"] == 16
     # Tokens arrive in chunks of their own (or a few), not as one answer at the end.
     assert streamed["chunks"] >= 8
+
+
+def test_the_record_names_where_the_key_lives_and_holds_no_secret(host):
+    record = json.loads(host.file("/etc/vllm/tiny.json").content_string)
+    assert record["secrets"] == {"environment_file": "/etc/vllm/tiny.env", "api_key_variable": "VLLM_API_KEY"}
+    assert (record["url"], record["load_timeout"], record["drain_timeout"], record["stop_timeout"]) == (
+        BASE_URL,
+        300,
+        10,
+        30,
+    )
+    assert API_KEY not in host.file("/etc/vllm/tiny.json").content_string
+
+
+def test_the_unit_is_sandboxed(host):
+    properties = unit_properties(
+        host, "ProtectSystem", "NoNewPrivileges", "CapabilityBoundingSet", "DevicePolicy", "RestrictNamespaces"
+    )
+    assert properties["ProtectSystem"] == "strict" and properties["NoNewPrivileges"] == "yes"
+    assert properties["CapabilityBoundingSet"] == "" and properties["DevicePolicy"] == "closed"
+    assert properties["RestrictNamespaces"] == "yes"

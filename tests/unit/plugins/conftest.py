@@ -77,10 +77,26 @@ def entry():
     return read
 
 
+def _command_line(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return cmdline.read()
+    except FileNotFoundError:
+        return b""
+
+
 @pytest.fixture
 def idle_process():
-    """A real process that sleeps, standing for one that holds a GPU: /proc describes it like any other."""
+    """A real process that sleeps, standing for one that holds a GPU: /proc describes it like any other.
+
+    Popen returns once the child has called exec, but its /proc/PID/cmdline may still be empty for a moment:
+    the fixture yields once /proc shows the whole command line, which is what the tests read.
+    """
+    from ansible_collections.llmops.vllm.plugins.module_utils._wait import wait_for
+
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "gpu-holder"])
+    shown = wait_for(lambda: (_command_line(child.pid).endswith(b"gpu-holder\0"), None), timeout=10, interval=0.005)
+    assert shown.ok, f"/proc/{child.pid}/cmdline did not show the child's command line within 10 s"
     yield child
     child.kill()
     child.wait()

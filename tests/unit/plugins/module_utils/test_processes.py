@@ -56,15 +56,22 @@ def test_read_process_of_a_gone_process_is_none():
 
 
 @pytest.mark.parametrize(
-    ("name", "cmdline", "expected"),
+    ("name", "cmdline", "unit", "expected"),
     [
-        ("VLLM::EngineCore", "VLLM::EngineCore", True),
-        ("python", "/opt/vllm/bin/python -m vllm.entrypoints.openai.api_server --model /m", True),
-        ("python3", "/usr/bin/python3 -m http.server", False),
+        ("VLLM::EngineCore", "VLLM::EngineCore", None, True),
+        ("python", "/opt/vllm/bin/python -m vllm.entrypoints.openai.api_server --model /m", None, True),
+        ("python3", "/usr/bin/python3 -m http.server", None, False),
+        # A process just started or ending may show an empty command line for a moment: its name and its cgroup
+        # still say what it is (comm is 15 characters at most).
+        ("VLLM::EngineCor", "", None, True),
+        ("vllm", "", None, True),
+        ("python3", "", "vllm-tiny.service", True),
+        ("python3", "", None, False),
+        ("python3", "", "ssh.service", False),
     ],
 )
-def test_is_vllm(name, cmdline, expected):
-    process = Process(pid=1, ppid=0, session=1, uid=0, start_ticks=1, name=name, cmdline=cmdline, unit=None)
+def test_is_vllm(name, cmdline, unit, expected):
+    process = Process(pid=1, ppid=0, session=1, uid=0, start_ticks=1, name=name, cmdline=cmdline, unit=unit)
     assert is_vllm(process) is expected
 
 
@@ -127,3 +134,17 @@ def _state(pid):
     with open(f"/proc/{pid}/stat") as stat_file:
         text = stat_file.read()
     return text[text.rindex(")") + 2]
+
+
+def test_a_command_line_that_cannot_be_read_is_empty(monkeypatch):
+    # As under hidepid=, where another user's cmdline is refused while its stat and cgroup stay readable.
+    real_open = open
+
+    def guarded_open(path, *args, **kwargs):
+        if str(path).endswith("/cmdline"):
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", guarded_open)
+    process = read_process(os.getpid())
+    assert process.cmdline == "" and process.pid == os.getpid()

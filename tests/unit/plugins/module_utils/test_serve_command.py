@@ -176,7 +176,6 @@ def test_environment_of_a_gpu_instance_with_its_gpus_secrets_and_overrides():
         "cuda_visible_devices": "4,5,6,7",
         "env": {"NCCL_P2P_DISABLE": 1, "HF_HUB_OFFLINE": "0"},
         "api_key": "k3y",
-        "hf_token": "",
     }
     assert build_server_environment(settings) == {
         **BASE_ENVIRONMENT,

@@ -1,5 +1,7 @@
 """Run a module's main() in the test process, its exit_json or fail_json turned into a returned result."""
 
+import json
+
 import pytest
 from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
@@ -32,3 +34,26 @@ def run_module(monkeypatch):
         return raised.value.args[0]
 
     return run
+
+
+def _write_instance(config_dir, name, port, load_timeout, key, drain_timeout=30, stop_timeout=45, host="0.0.0.0"):
+    """The record and EnvironmentFile of an instance, as the vllm_server role writes them."""
+    config_dir.mkdir(exist_ok=True)
+    env_file = config_dir / f"{name}.env"
+    env_file.write_text(f'HOME="/var/lib/vllm"\nVLLM_API_KEY="{key}"\n')
+    record = {
+        "instance": name, "unit": f"vllm-{name}.service", "model": name, "served_name": f"{name}-served",
+        "host": host, "port": port, "url": f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}",
+        "gpus": [], "model_path": f"/m/{name}", "python": "/opt/vllm/venv/bin/python", "vllm_version": "0.32.0",
+        "layout": {"tensor_parallel_size": 1}, "load_timeout": load_timeout, "drain_timeout": drain_timeout,
+        "stop_timeout": stop_timeout,
+        "secrets": {"environment_file": str(env_file), "api_key_variable": "VLLM_API_KEY"},
+    }  # fmt: skip
+    (config_dir / f"{name}.json").write_text(json.dumps(record))
+    return record
+
+
+@pytest.fixture
+def write_instance():
+    """`write_instance(config_dir, name, port, load_timeout, key, ...)` writes an instance's record and key."""
+    return _write_instance

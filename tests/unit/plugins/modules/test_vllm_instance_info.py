@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from ansible.module_utils import basic
 
+from ansible_collections.llmops.vllm.plugins.module_utils._instance_record import FIX
 from ansible_collections.llmops.vllm.plugins.module_utils._unit import parse_show
 from ansible_collections.llmops.vllm.plugins.modules import vllm_instance_info
 
@@ -65,18 +66,36 @@ def write_record(config_dir, name, port, file_name=None, **fields):
         "unit": f"vllm-{name}.service",
         "model": name,
         "served_name": name,
+        "host": "0.0.0.0",
         "port": port,
         "url": f"http://127.0.0.1:{port}",
         "gpus": [],
         "model_path": f"/var/lib/vllm/models/{name}",
+        "python": "/opt/vllm/venv/bin/python",
         "vllm_version": "0.32.0",
         "layout": {"tensor_parallel_size": 1},
+        "load_timeout": 300,
+        "drain_timeout": 10,
+        "stop_timeout": 30,
+        "secrets": {"environment_file": str(config_dir / f"{name}.env"), "api_key_variable": "VLLM_API_KEY"},
         **fields,
     }
     config_dir.mkdir(exist_ok=True)
     (config_dir / f"{file_name or name}.json").write_text(json.dumps(record))
     (config_dir / f"{name}.env").write_text(f"VLLM_API_KEY={SECRET}\n")
     return record
+
+
+def good_record_text(**changes):
+    """A record that reads back, with some fields changed or (value None) left out."""
+    record = {
+        "instance": "bad", "unit": "vllm-bad.service", "model": "bad", "served_name": "bad", "host": "0.0.0.0",
+        "port": 8000, "url": "http://127.0.0.1:8000", "gpus": [], "model_path": "/m", "python": "/p/python",
+        "vllm_version": "0.32.0", "layout": {}, "load_timeout": 300, "drain_timeout": 10, "stop_timeout": 30,
+        "secrets": {"environment_file": "/etc/vllm/bad.env", "api_key_variable": "VLLM_API_KEY"},
+    }  # fmt: skip
+    record.update(changes)
+    return json.dumps({key: value for key, value in record.items() if value is not None})
 
 
 @pytest.fixture
@@ -103,6 +122,7 @@ def test_an_active_instance_with_its_metrics(run, tmp_path, systemctl, serve):
     assert 30 <= uptime < 60
     assert tiny == {
         **record,
+        "outdated": [],
         "active_state": "active",
         "sub_state": "running",
         "enabled": True,
@@ -214,11 +234,14 @@ def test_a_missing_config_dir_is_a_host_without_instances(run, systemctl):
     [
         ('{"instance": "bad", "unit": ', "is not valid JSON (Expecting value: line 1 column 29"),
         ('["bad"]', "holds a list, not an object"),
-        ('{"instance": "bad", "port": 8000}', "lacks unit;"),
-        ('{"unit": "vllm-bad.service"}', "lacks instance, port;"),
-        ('{"instance": "bad", "unit": "vllm-bad.service", "port": "8000"}', "has port '8000', not a port number"),
-        ('{"instance": "", "unit": "vllm-bad.service", "port": 8000}', "has instance '', not a name"),
-        ('{"instance": "bad", "unit": "u", "port": 8000, "url": "127.0.0.1:8000"}', "url must be the server's"),
+        (good_record_text(unit=None), "lacks unit;"),
+        (good_record_text(instance=None, port=None), "lacks instance, port;"),
+        (good_record_text(port="8000"), "has port '8000', not a port number"),
+        (good_record_text(instance=""), "has instance '', not a non-empty text"),
+        (good_record_text(url="127.0.0.1:8000"), "has url '127.0.0.1:8000', not a base URL such as http://"),
+        (good_record_text(gpus=["0"]), "has gpus ['0'], not a list of GPU indices"),
+        (good_record_text(load_timeout=-1), "has load_timeout -1, not a number of seconds of at least 1"),
+        (good_record_text(secrets={"api_key": "sk-1"}), "has secrets {'api_key': 'sk-1'}, not {environment_file:"),
     ],
 )
 def test_a_bad_record_fails_naming_the_file(run, tmp_path, systemctl, text, problem):
@@ -228,12 +251,24 @@ def test_a_bad_record_fails_naming_the_file(run, tmp_path, systemctl, text, prob
     result = run({"instances": ["tiny"]}, fails=True)
     assert result["msg"].startswith(f"The instance record {tmp_path / 'vllm' / 'bad.json'} ")
     assert problem in result["msg"]
-    assert result["msg"].endswith("deploy the instance again, or remove the file if it is gone")
+    assert result["msg"].endswith(f"; {FIX}")
+
+
+def test_a_record_of_an_older_release_is_listed_with_what_it_lacks(run, tmp_path, systemctl):
+    # Before the record held its timeouts and where its key is: enough to list it and to check clashes with it.
+    (tmp_path / "vllm").mkdir()
+    old = {"instance": "old", "unit": "vllm-old.service", "model": "old", "served_name": "old", "port": 8000,
+           "url": "http://127.0.0.1:8000", "gpus": [], "model_path": "/m", "vllm_version": "0.31.0",
+           "layout": {}}  # fmt: skip
+    (tmp_path / "vllm" / "old.json").write_text(json.dumps(old))
+    [listed] = run({"metrics": False})["instances"]
+    assert listed["outdated"] == ["host", "python", "secrets", "load_timeout", "drain_timeout", "stop_timeout"]
+    assert {key: listed[key] for key in old} == old
 
 
 def test_two_records_of_one_instance_fail(run, tmp_path, systemctl):
     write_record(tmp_path / "vllm", "tiny", 8000)
-    (tmp_path / "vllm" / "tiny-copy.json").write_text(json.dumps({"instance": "tiny", "unit": "u", "port": 1}))
+    (tmp_path / "vllm" / "tiny-copy.json").write_text(good_record_text(instance="tiny"))
     result = run(fails=True)
     assert result["msg"] == (
         f"The instance records {tmp_path / 'vllm' / 'tiny-copy.json'} and {tmp_path / 'vllm' / 'tiny.json'} "

@@ -1,0 +1,117 @@
+"""vllm_service's options: where the unit, URL, key and timeouts come from, and bad input refused before any act."""
+
+import json
+import math
+
+import pytest
+from ansible.module_utils import basic
+
+from ansible_collections.llmops.vllm.plugins.modules import vllm_service
+
+OLD_KEY = "old-instance-key-7c1"
+
+
+@pytest.fixture
+def commands(monkeypatch):
+    """Every command the module runs; systemctl show answers that the unit is loaded and stopped."""
+    ran = []
+
+    def run_command(self, command, **_kwargs):
+        ran.append(command)
+        if command[:2] == ["systemctl", "show"]:
+            return 0, "LoadState=loaded\nActiveState=inactive\nSubState=dead\nMainPID=0\n", ""
+        return 0, "", ""
+
+    monkeypatch.setattr(basic.AnsibleModule, "run_command", run_command)
+    return ran
+
+
+@pytest.fixture
+def started_with(monkeypatch):
+    """Stand in for the start itself and keep the settings it was given."""
+    seen = []
+
+    def start(self, before):
+        seen.append(self.settings)
+        return {"systemd_start": 0.1, "load": 1.0, "elapsed": 1.1}
+
+    monkeypatch.setattr(vllm_service.Lifecycle, "start", start)
+    monkeypatch.setattr(vllm_service.Unit, "last_engine_death", lambda self, stopped: None)
+    return seen
+
+
+def test_an_instance_starts_with_its_own_key_and_load_timeout(
+    run_module, tmp_path, commands, started_with, write_instance
+):
+    """The rollback's defect: an old instance came back with today's key and a global 600 s load timeout."""
+    write_instance(tmp_path, "kimi_k25", 8001, load_timeout=1800, key=OLD_KEY, host="127.0.0.2")
+    result = run_module(vllm_service.main, {"instance": "kimi_k25", "config_dir": str(tmp_path), "state": "started"})
+    [settings] = started_with
+    assert result["unit"] == "vllm-kimi_k25.service" and result["changed"] is True
+    assert settings.load_timeout == 1800 and settings.api_key == OLD_KEY
+    # It waits where the server listens, not at 127.0.0.1.
+    assert (settings.url, settings.served_name) == ("http://127.0.0.2:8001", "kimi_k25-served")
+    assert (settings.drain_timeout, settings.stop_timeout) == (30, 45)
+    assert OLD_KEY not in json.dumps(result)
+
+
+def test_timeouts_given_replace_the_record_s(run_module, tmp_path, commands, started_with, write_instance):
+    write_instance(tmp_path, "tiny", 8000, load_timeout=300, key="k")
+    args = {"instance": "tiny", "config_dir": str(tmp_path), "state": "started", "load_timeout": 20, "stop_timeout": 5}
+    run_module(vllm_service.main, args)
+    assert (started_with[0].load_timeout, started_with[0].stop_timeout, started_with[0].drain_timeout) == (20, 5, 30)
+
+
+def test_a_unit_by_name_keeps_the_defaults(run_module, commands, started_with):
+    run_module(vllm_service.main, {"name": "vllm-tiny", "state": "started", "served_name": "tiny"})
+    [settings] = started_with
+    assert (settings.url, settings.load_timeout, settings.stop_timeout, settings.api_key) == (
+        "http://127.0.0.1:8000",
+        600,
+        30,
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"load_timeout": -1}, "load_timeout must be more than 0 seconds, got -1.0"),
+        ({"load_timeout": math.inf}, "load_timeout must be more than 0 seconds, got inf"),
+        ({"stop_timeout": 0}, "stop_timeout must be more than 0 seconds, got 0.0"),
+        ({"kill_timeout": -2}, "kill_timeout must be more than 0 seconds, got -2.0"),
+        ({"orphan_grace": -0.5}, "orphan_grace must be more than 0 seconds, got -0.5"),
+        ({"poll_interval": 0}, "poll_interval must be more than 0 seconds, got 0.0"),
+        ({"drain_timeout": -3}, "drain_timeout must be 0 (no drain) or more seconds, got -3"),
+        ({"drain_timeout": math.nan}, "drain_timeout must be 0 (no drain) or more seconds, got nan"),
+        ({"journal_lines": 0}, "journal_lines must be 1 or more, got 0"),
+        ({"load_timeout": "soon"}, "argument 'load_timeout' is of type str and we were unable to convert to float"),
+        (
+            {"url": "127.0.0.1:8000"},
+            "url must be the server's base URL such as http://127.0.0.1:8000, got '127.0.0.1:8000'",
+        ),
+        ({"name": "vllm tiny"}, "name must be a systemd unit name such as vllm-tiny.service, got 'vllm tiny'"),
+        ({"name": ""}, "name must be a systemd unit name such as vllm-tiny.service, got ''"),
+        ({"served_name": None}, "served_name is required to start the unit (state=started), or give instance"),
+        ({"name": None}, "one of the following is required: name, instance"),
+        ({"instance": "tiny"}, "parameters are mutually exclusive: instance|name"),
+        ({"name": None, "served_name": None, "instance": "gone"}, "No instance record for gone in"),
+        ({"state": "reloaded"}, "value of state must be one of: started, stopped, restarted, got: reloaded"),
+    ],
+)
+def test_bad_input_is_refused_before_any_command(run_module, tmp_path, commands, args, message):
+    base = {"name": "vllm-tiny.service", "state": "started", "served_name": "tiny", "config_dir": str(tmp_path)}
+    result = run_module(
+        vllm_service.main, {key: value for key, value in {**base, **args}.items() if value is not None}, fails=True
+    )
+    assert message in result["msg"]
+    assert commands == []
+
+
+def test_an_instance_whose_record_is_outdated_is_refused_before_any_command(run_module, tmp_path, commands):
+    (tmp_path / "old.json").write_text(json.dumps({"instance": "old", "unit": "vllm-old.service", "port": 8000}))
+    result = run_module(
+        vllm_service.main, {"instance": "old", "config_dir": str(tmp_path), "state": "stopped"}, fails=True
+    )
+    assert result["msg"].startswith("The instance record of old was written by an older release of llmops.vllm")
+    assert commands == []
