@@ -15,12 +15,17 @@ description:
   - Compares that list with the weights directory and its manifest C(.llmops-weights.json), and counts
     the bytes still needed. Before anything is written, it fails when those bytes, with a margin and a
     reserve, exceed the free space of the filesystem that will hold the directory, naming both numbers.
-  - Resumes files that are shorter than the source's (HTTP Range, or a seek on a mounted path), fetches
-    again files that are longer or whose SHA-256 differs, and verifies each fetched file's size and hash.
-    Each verified file is recorded in the manifest, so a later run checks only files that changed.
+  - Fetches several files at once, and splits the last large files into byte ranges over several
+    connections (O(workers) in all). Files land in C(.llmops-partial/) under the directory and move to
+    their names only once their size and SHA-256 are checked; the SHA-256 is computed while the bytes
+    land, by the workers, on several cores.
+  - An interrupted or failed fetch leaves the manifest saying which files are missing and which byte
+    ranges of them are there; the next run resumes those ranges (HTTP Range, or a seek on a mounted path).
+    A file whose SHA-256 differs is fetched once more; if it differs again the run fails and the copy is
+    removed. A directory whose manifest lists missing files is refused as a mirror.
+  - Uses only the Python standard library on the host, so it runs before vLLM is installed.
   - A directory that serves this manifest (for example a host's weights directory behind nginx) is a
     mirror that passes the sizes and hashes on to the hosts that fetch from it.
-  - Uses only the Python standard library on the host, so it runs before vLLM is installed.
 extends_documentation_fragment:
   - llmops.vllm.attributes
 attributes:
@@ -75,8 +80,15 @@ options:
     type: str
     default: https://huggingface.co
   hub_token:
-    description: Hugging Face token for gated or private repositories. Sent only to O(hub_endpoint).
+    description:
+      - Hugging Face token for gated or private repositories. Sent only to the hub's own host, never to the
+        CDN it redirects downloads to.
     type: str
+  workers:
+    description:
+      - Files and byte ranges fetched at once (connections), which also hash what they fetched.
+      - Defaults to 2 per CPU the module may use, from 4 to 32.
+    type: int
   state:
     description:
       - V(present) fetches what is missing.
@@ -95,8 +107,9 @@ options:
     default: 1G
   progress_file:
     description:
-      - JSON file that receives the download's progress (bytes done and needed, rate, ETA, current file)
-        about once a second, for a role that polls an asynchronous run. Removed when the fetch ends.
+      - JSON file that receives the download's progress (bytes done and needed, rate, ETA,
+        the oldest file in flight and how many are) about once a second, for a role that polls an
+        asynchronous run. Removed when the fetch ends.
     type: path
   timeout:
     description: Seconds to wait for the source to answer one request.
@@ -105,6 +118,8 @@ options:
 notes:
   - Files without a hash (the hub's small non-LFS files, a mirror without a manifest) are checked by size;
     the module hashes them once it has them and so still notices a later change on the host.
+  - A source that ignores Range requests (C(python3 -m http.server)) gets one connection per file, and an
+    interrupted file starts over.
 """
 
 EXAMPLES = r"""
@@ -127,6 +142,7 @@ EXAMPLES = r"""
       allow_patterns: ["*.safetensors", "*.json", "*.py", "tiktoken.model"]
     mirror: http://weights.lab.internal/models
     reserve: 20G
+    workers: 16
     progress_file: /data/models/.kimi_k25.progress.json
 """
 
@@ -137,7 +153,9 @@ path:
   type: str
   sample: /var/lib/vllm/models/minimax_m25
 files:
-  description: Every file of the source, with its size, hash when known, and what was (or would be) done.
+  description:
+    - Every file of the source, with its size, hash when known, and what was (or would be) done.
+    - C(offset) is the bytes already there (of a resumed file, the byte ranges it holds).
   returned: always
   type: list
   elements: dict
@@ -163,11 +181,22 @@ free_bytes:
   returned: always
   type: int
   sample: 1800000000000
+workers:
+  description: Files and byte ranges fetched at once.
+  returned: when O(source.kind=hub)
+  type: int
+  sample: 8
 fetched_bytes:
   description: Bytes fetched by this run.
   returned: when O(state=present), not in check mode
   type: int
   sample: 4996951424
+missing:
+  description: Files that the failed fetch left missing, as the manifest records them; the next run resumes them.
+  returned: when the fetch failed
+  type: list
+  elements: str
+  sample: ["model-00002-of-00002.safetensors"]
 elapsed:
   description: Seconds the fetch took.
   returned: when O(state=present), not in check mode
@@ -192,17 +221,22 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.text.formatters import human_to_bytes
 
 from ansible_collections.llmops.vllm.plugins.module_utils._weights import (
-    Progress,
     WeightsError,
     check_space,
     disk_usage_free,
-    fetch,
     local_files,
     nearest_existing_directory,
     open_source,
     plan_fetch,
+    read_manifest,
     required_free_bytes,
     select_files,
+)
+from ansible_collections.llmops.vllm.plugins.module_utils._weights_fetch import (
+    Fetcher,
+    Manifest,
+    Progress,
+    default_workers,
 )
 
 
@@ -233,6 +267,24 @@ def local_weights(module, path):
     )
 
 
+def list_files(module, source, description, workers):
+    """(the source, its files, the plan), or fail naming the repository."""
+    params = module.params
+    endpoint = params["hub_endpoint"]
+    try:
+        origin = open_source(
+            source["repo"], source["revision"], params["mirror"], endpoint, params["hub_token"], params["timeout"]
+        )
+        files = select_files(origin.files(), source["allow_patterns"])
+        if not files:
+            raise WeightsError(f"the source has no files matching {source['allow_patterns']}")
+        steps = plan_fetch(files, params["path"], description, workers=workers)
+    except WeightsError as error:
+        hint = " (a gated or private repository: set hub_token)" if error.status in (401, 403) else ""
+        module.fail_json(msg=f"Cannot list the weights of {source['repo']}: {error}{hint}")
+    return origin, files, steps
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -252,6 +304,7 @@ def main():
             "mirror": {"type": "str"},
             "hub_endpoint": {"type": "str", "default": "https://huggingface.co"},
             "hub_token": {"type": "str", "no_log": True},
+            "workers": {"type": "int"},
             "state": {"type": "str", "choices": ["present", "check"], "default": "present"},
             "margin": {"type": "float", "default": 0.05},
             "reserve": {"type": "str", "default": "1G"},
@@ -270,25 +323,11 @@ def main():
         module.fail_json(msg=f"reserve: {error}")
     if params["margin"] < 0 or reserve < 0:
         module.fail_json(msg="margin and reserve must not be negative")
+    workers = params["workers"] or default_workers()
 
     dest = params["path"]
     description = {"kind": "hub", "repo": source["repo"], "revision": source["revision"]}
-    try:
-        origin = open_source(
-            source["repo"],
-            source["revision"],
-            params["mirror"],
-            params["hub_endpoint"],
-            params["hub_token"],
-            params["timeout"],
-        )
-        files = select_files(origin.files(), source["allow_patterns"])
-        if not files:
-            raise WeightsError(f"the source has no files matching {source['allow_patterns']}")
-        steps = plan_fetch(files, dest, description)
-    except WeightsError as error:
-        module.fail_json(msg=f"Cannot list the weights of {source['repo']}: {error}")
-
+    origin, files, steps = list_files(module, source, description, workers)
     needed = sum(step.bytes_needed for step in steps)
     free = disk_usage_free(dest)
     report = {
@@ -298,6 +337,7 @@ def main():
         "needed_bytes": needed,
         "required_free_bytes": required_free_bytes(needed, params["margin"], reserve),
         "free_bytes": free,
+        "workers": workers,
     }
     if getattr(origin, "commit", None):
         report["commit"] = origin.commit
@@ -311,9 +351,16 @@ def main():
     progress = Progress(params["progress_file"], needed)
     started = time.monotonic()
     try:
-        fetch(origin, steps, dest, description, progress)
+        os.makedirs(dest, exist_ok=True)
+        manifest = Manifest(dest, description, {file.path for file in files}, report.get("commit"))
+        Fetcher(origin, dest, manifest, progress, workers).run(steps)
     except (WeightsError, OSError) as error:
-        module.fail_json(msg=f"Fetching the weights into {dest} failed: {error}", fetched_bytes=progress.done, **report)
+        module.fail_json(
+            msg=f"Fetching the weights into {dest} failed: {error}",
+            fetched_bytes=progress.done,
+            missing=sorted(read_manifest(dest).get("missing") or {}),
+            **report,
+        )
     finally:
         progress.remove()
     elapsed = time.monotonic() - started
