@@ -39,6 +39,11 @@ CHUNK_BYTES = 1 << 20
 HUB_ENDPOINT = "https://huggingface.co"
 
 
+def hub_endpoint(explicit=None):
+    """The hub's base URL: the one given, else the HF_ENDPOINT variable (as huggingface_hub reads it), else the hub."""
+    return (explicit or os.environ.get("HF_ENDPOINT") or HUB_ENDPOINT).rstrip("/")
+
+
 class WeightsError(Exception):
     """A source that cannot be read, weights that do not fit, or a file that fails verification.
 

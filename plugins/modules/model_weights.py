@@ -76,9 +76,10 @@ options:
         hashes; otherwise sizes come from C(Content-Length)), or an absolute path the host mounts.
     type: str
   hub_endpoint:
-    description: Base URL of the hub, or of a hub-compatible proxy.
+    description:
+      - Base URL of the hub, or of a hub-compatible proxy.
+      - Defaults to the E(HF_ENDPOINT) variable of the module's environment, else C(https://huggingface.co).
     type: str
-    default: https://huggingface.co
   hub_token:
     description:
       - Hugging Face token for gated or private repositories. Sent only to the hub's own host, never to the
@@ -224,6 +225,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._weights import (
     WeightsError,
     check_space,
     disk_usage_free,
+    hub_endpoint,
     local_files,
     nearest_existing_directory,
     open_source,
@@ -270,7 +272,7 @@ def local_weights(module, path):
 def list_files(module, source, description, workers):
     """(the source, its files, the plan), or fail naming the repository."""
     params = module.params
-    endpoint = params["hub_endpoint"]
+    endpoint = hub_endpoint(params["hub_endpoint"])
     try:
         origin = open_source(
             source["repo"], source["revision"], params["mirror"], endpoint, params["hub_token"], params["timeout"]
@@ -302,7 +304,7 @@ def main():
                 "required_if": [("kind", "hub", ["repo"]), ("kind", "local", ["path"])],
             },
             "mirror": {"type": "str"},
-            "hub_endpoint": {"type": "str", "default": "https://huggingface.co"},
+            "hub_endpoint": {"type": "str"},
             "hub_token": {"type": "str", "no_log": True},
             "workers": {"type": "int"},
             "state": {"type": "str", "choices": ["present", "check"], "default": "present"},

@@ -30,6 +30,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._weights import (
     RemoteFile,
     WeightsError,
     check_space,
+    hub_endpoint,
     hub_files,
     listing_links,
     nearest_existing_directory,
@@ -110,6 +111,14 @@ def test_files_outside_the_directory_are_refused(path):
 def test_files_in_the_partial_directory_are_refused():
     with pytest.raises(WeightsError, match="unfinished files"):
         hub_files({"siblings": [{"rfilename": f"{PARTIAL_DIR}/model.safetensors", "size": 1}]})
+
+
+def test_hub_endpoint_comes_from_the_caller_then_hf_endpoint(monkeypatch):
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    assert hub_endpoint() == "https://huggingface.co"
+    monkeypatch.setenv("HF_ENDPOINT", "http://hub.lab:8080/")
+    assert hub_endpoint() == "http://hub.lab:8080"
+    assert hub_endpoint("https://proxy.lab") == "https://proxy.lab"
 
 
 def test_allow_patterns_follow_the_hub():

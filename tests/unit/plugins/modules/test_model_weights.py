@@ -99,6 +99,16 @@ def test_local_weights_are_checked_not_copied(tmp_path, mirror, run):
     assert "holds no config.json" in run({"path": str(tmp_path / "unused"), "source": empty}, fails=True)["msg"]
 
 
+def test_the_hub_comes_from_hf_endpoint(tmp_path, hub, run, monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+    result = run(hub_args(tmp_path))
+    assert result["commit"] == hub.repos["me/model"].commit
+    assert result["fetched_bytes"] == sum(len(data) for data in hub.files.values())
+    for path, data in hub.files.items():
+        assert (tmp_path / "weights" / "model" / path).read_bytes() == data
+    assert run(hub_args(tmp_path))["changed"] is False
+
+
 def test_an_interrupted_fetch_is_resumed_by_the_next_run(tmp_path, hub, run):
     hub.fail(SHARD, "cut", after=1 << 20)
     hub.fail(SHARD, "status", count=_weights_fetch.RETRIES, status=503)
