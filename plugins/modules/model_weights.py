@@ -23,7 +23,13 @@ description:
     ranges of them are there; the next run resumes those ranges (HTTP Range, or a seek on a mounted path).
     A file whose SHA-256 differs is fetched once more; if it differs again the run fails and the copy is
     removed. A directory whose manifest lists missing files is refused as a mirror.
-  - Uses only the Python standard library on the host, so it runs before vLLM is installed.
+  - From the hub, where the Python that runs the module can import huggingface_hub (the vLLM venv can),
+    the library fetches the files (with hf_xet for Xet-backed repositories where it is installed),
+    several at once; each is hashed as soon as it is there and checked against the hub's SHA-256. The
+    library fetches whole files, so partial copies are started over. Elsewhere the module's own fetch runs.
+    O(hub_client) chooses; the result's RV(fetch_client) says which ran and why.
+  - Without huggingface_hub the module uses only the Python standard library, so the check runs on a
+    bare host before vLLM is installed.
   - A directory that serves this manifest (for example a host's weights directory behind nginx) is a
     mirror that passes the sizes and hashes on to the hosts that fetch from it.
 extends_documentation_fragment:
@@ -84,7 +90,16 @@ options:
     description:
       - Hugging Face token for gated or private repositories. Sent only to the hub's own host, never to the
         CDN it redirects downloads to.
+      - The only token used; a token that huggingface_hub could find on the host (E(HF_TOKEN), a login) is not.
     type: str
+  hub_client:
+    description:
+      - What fetches from the hub (a mirror is always fetched by the module's own code).
+      - V(auto) uses huggingface_hub where the module's Python can import it, else the module's own fetch.
+      - V(huggingface_hub) fails when the library cannot be imported; V(builtin) never uses it.
+    type: str
+    choices: [auto, huggingface_hub, builtin]
+    default: auto
   workers:
     description:
       - Files and byte ranges fetched at once (connections), which also hash what they fetched.
@@ -145,6 +160,18 @@ EXAMPLES = r"""
     reserve: 20G
     workers: 16
     progress_file: /data/models/.kimi_k25.progress.json
+
+- name: Fetch from the hub with huggingface_hub from vLLM's venv (hf_xet where the repository uses Xet)
+  llmops.vllm.model_weights:
+    path: /var/lib/vllm/models/minimax_m25
+    source:
+      kind: hub
+      repo: MiniMaxAI/MiniMax-M2.5
+      revision: 0f3c2b1a09f8e7d6c5b4a39281706f5e4d3c2b1a
+    hub_client: huggingface_hub
+    hub_token: "{{ vllm_server_hf_token }}"
+  vars:
+    ansible_python_interpreter: /opt/vllm/venv/bin/python
 """
 
 RETURN = r"""
@@ -182,6 +209,14 @@ free_bytes:
   returned: always
   type: int
   sample: 1800000000000
+fetch_client:
+  description:
+    - What fetches (or would fetch) the files, and why; the Python that ran the module.
+    - C(name) is V(huggingface_hub) (with C(version)) or V(builtin), the module's own fetch.
+  returned: when O(source.kind=hub)
+  type: dict
+  sample: {"name": "huggingface_hub", "version": "2.4.0", "python": "/opt/vllm/venv/bin/python",
+           "reason": "/opt/vllm/venv/bin/python has huggingface_hub 2.4.0"}
 workers:
   description: Files and byte ranges fetched at once.
   returned: when O(source.kind=hub)
@@ -221,6 +256,12 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.text.formatters import human_to_bytes
 
+from ansible_collections.llmops.vllm.plugins.module_utils._hub_client import (
+    CLIENTS,
+    LibrarySource,
+    choose_client,
+    fetch_with_library,
+)
 from ansible_collections.llmops.vllm.plugins.module_utils._weights import (
     WeightsError,
     check_space,
@@ -270,21 +311,27 @@ def local_weights(module, path):
 
 
 def list_files(module, source, description, workers):
-    """(the source, its files, the plan), or fail naming the repository."""
+    """(the client that fetches, the source, its files, the plan), or fail naming the repository."""
     params = module.params
     endpoint = hub_endpoint(params["hub_endpoint"])
     try:
-        origin = open_source(
-            source["repo"], source["revision"], params["mirror"], endpoint, params["hub_token"], params["timeout"]
-        )
+        library, client = choose_client(params["hub_client"], params["mirror"])
+        if library is not None:
+            origin = LibrarySource(
+                library, source["repo"], source["revision"], endpoint, params["hub_token"], params["timeout"]
+            )
+        else:
+            origin = open_source(
+                source["repo"], source["revision"], params["mirror"], endpoint, params["hub_token"], params["timeout"]
+            )
         files = select_files(origin.files(), source["allow_patterns"])
         if not files:
             raise WeightsError(f"the source has no files matching {source['allow_patterns']}")
-        steps = plan_fetch(files, params["path"], description, workers=workers)
+        steps = plan_fetch(files, params["path"], description, ranges=library is None, workers=workers)
     except WeightsError as error:
         hint = " (a gated or private repository: set hub_token)" if error.status in (401, 403) else ""
         module.fail_json(msg=f"Cannot list the weights of {source['repo']}: {error}{hint}")
-    return origin, files, steps
+    return client, origin, files, steps
 
 
 def main():
@@ -306,6 +353,7 @@ def main():
             "mirror": {"type": "str"},
             "hub_endpoint": {"type": "str"},
             "hub_token": {"type": "str", "no_log": True},
+            "hub_client": {"type": "str", "choices": list(CLIENTS), "default": "auto"},
             "workers": {"type": "int"},
             "state": {"type": "str", "choices": ["present", "check"], "default": "present"},
             "margin": {"type": "float", "default": 0.05},
@@ -329,7 +377,7 @@ def main():
 
     dest = params["path"]
     description = {"kind": "hub", "repo": source["repo"], "revision": source["revision"]}
-    origin, files, steps = list_files(module, source, description, workers)
+    client, origin, files, steps = list_files(module, source, description, workers)
     needed = sum(step.bytes_needed for step in steps)
     free = disk_usage_free(dest)
     report = {
@@ -339,6 +387,7 @@ def main():
         "needed_bytes": needed,
         "required_free_bytes": required_free_bytes(needed, params["margin"], reserve),
         "free_bytes": free,
+        "fetch_client": client,
         "workers": workers,
     }
     if getattr(origin, "commit", None):
@@ -355,7 +404,10 @@ def main():
     try:
         os.makedirs(dest, exist_ok=True)
         manifest = Manifest(dest, description, {file.path for file in files}, report.get("commit"))
-        Fetcher(origin, dest, manifest, progress, workers).run(steps)
+        if isinstance(origin, LibrarySource):
+            fetch_with_library(origin, steps, dest, manifest, progress, workers)
+        else:
+            Fetcher(origin, dest, manifest, progress, workers).run(steps)
     except (WeightsError, OSError) as error:
         module.fail_json(
             msg=f"Fetching the weights into {dest} failed: {error}",

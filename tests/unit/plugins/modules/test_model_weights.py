@@ -1,5 +1,5 @@
 """The model_weights module end to end: a mirror on a local path, the hub stand-in through the module's own
-fetch, an interrupted fetch that the next run resumes, and bad input (the HTTP
+fetch and through huggingface_hub, an interrupted fetch that the next run resumes, and bad input (the HTTP
 details are in the module_utils tests)."""
 
 import hashlib
@@ -68,7 +68,7 @@ def test_fetches_then_changes_nothing(tmp_path, mirror, run):
     first = run(args(tmp_path, mirror))
     assert first["changed"] is True
     assert first["fetched_bytes"] == first["needed_bytes"] == first["total_bytes"] == 23 + 16384
-    assert first["workers"] >= 4
+    assert first["fetch_client"]["name"] == "builtin" and first["workers"] >= 4
     assert (tmp_path / "weights" / "tiny" / "model.safetensors").read_bytes() == MODEL
     second = run(args(tmp_path, mirror))
     assert second["changed"] is False and second["fetched_bytes"] == 0 and second["needed_bytes"] == 0
@@ -99,30 +99,40 @@ def test_local_weights_are_checked_not_copied(tmp_path, mirror, run):
     assert "holds no config.json" in run({"path": str(tmp_path / "unused"), "source": empty}, fails=True)["msg"]
 
 
-def test_the_hub_comes_from_hf_endpoint(tmp_path, hub, run, monkeypatch):
+@pytest.mark.parametrize("hub_client", ["builtin", "auto"])
+def test_the_hub_comes_from_hf_endpoint_by_either_client(tmp_path, hub, run, monkeypatch, hub_client):
     monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
-    result = run(hub_args(tmp_path))
+    result = run(hub_args(tmp_path, hub_client=hub_client))
+    assert result["fetch_client"]["name"] == ("builtin" if hub_client == "builtin" else "huggingface_hub")
     assert result["commit"] == hub.repos["me/model"].commit
     assert result["fetched_bytes"] == sum(len(data) for data in hub.files.values())
     for path, data in hub.files.items():
         assert (tmp_path / "weights" / "model" / path).read_bytes() == data
-    assert run(hub_args(tmp_path))["changed"] is False
+    assert run(hub_args(tmp_path, hub_client=hub_client))["changed"] is False
 
 
 def test_an_interrupted_fetch_is_resumed_by_the_next_run(tmp_path, hub, run):
     hub.fail(SHARD, "cut", after=1 << 20)
     hub.fail(SHARD, "status", count=_weights_fetch.RETRIES, status=503)
-    failed = run(hub_args(tmp_path, hub_endpoint=hub.endpoint, workers=1), fails=True)
+    failed = run(hub_args(tmp_path, hub_endpoint=hub.endpoint, hub_client="builtin", workers=1), fails=True)
     assert "run again to resume" in failed["msg"] and SHARD in failed["missing"]
     dest = tmp_path / "weights" / "model"
     assert not (dest / SHARD).exists() and (dest / PARTIAL_DIR / SHARD).exists()
+    planned = run(hub_args(tmp_path, hub_endpoint=hub.endpoint, state="check"))
+    assert next(file for file in planned["files"] if file["path"] == SHARD)["action"] == "fetch"  # the library: whole
 
-    resumed = run(hub_args(tmp_path, hub_endpoint=hub.endpoint))
+    resumed = run(hub_args(tmp_path, hub_endpoint=hub.endpoint, hub_client="builtin"))
     step = next(file for file in resumed["files"] if file["path"] == SHARD)
     assert (step["action"], step["offset"]) == ("resume", 1 << 20)
     assert resumed["fetched_bytes"] == resumed["needed_bytes"]
     assert hashlib.sha256((dest / SHARD).read_bytes()).hexdigest() == hashlib.sha256(hub.files[SHARD]).hexdigest()
     assert not (dest / PARTIAL_DIR).exists()
+
+
+def test_the_library_path_in_check_mode_writes_nothing(tmp_path, hub, run):
+    result = run(hub_args(tmp_path, hub_endpoint=hub.endpoint, _ansible_check_mode=True))
+    assert result["changed"] is True and result["fetch_client"]["name"] == "huggingface_hub"
+    assert not (tmp_path / "weights").exists()
 
 
 def test_bad_input_changes_nothing(tmp_path, mirror, run):
