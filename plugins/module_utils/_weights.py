@@ -37,6 +37,9 @@ PARTIAL_DIR = ".llmops-partial"
 CHUNK_BYTES = 1 << 20
 # The hub's address when neither the caller nor HF_ENDPOINT names one.
 HUB_ENDPOINT = "https://huggingface.co"
+# Git's rules for ref names (git check-ref-format), which the hub applies to branches and tags.
+_REVISION_FORBIDDEN = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]|\.\.|@\{|//")
+_REPO_PART = re.compile(r"[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9_])?\Z")
 
 
 def hub_endpoint(explicit=None):
@@ -99,6 +102,40 @@ class Step:
     @property
     def bytes_needed(self):
         return 0 if self.action == "keep" else self.file.size - self.offset
+
+
+# ---- checks of what a user names ----------------------------------------------------------------
+
+
+def repo_problem(repo):
+    """Why `repo` is not a hub repository name (owner/name, as the hub accepts it), or None."""
+    if not isinstance(repo, str) or not repo:
+        return "it must be a repository name such as owner/name"
+    parts = repo.split("/")
+    if len(parts) > 2:
+        return "it must be owner/name, with one slash"
+    if "--" in repo or ".." in repo:
+        return "it must not contain '--' or '..' (the hub refuses them, and '..' would climb out of a mirror)"
+    if len(parts[-1]) > 96 or not all(_REPO_PART.match(part) for part in parts):
+        return "each part must be letters, digits, '-', '_' or '.', start with a letter or digit, not end in '-' or '.'"
+    return None
+
+
+def revision_problem(revision):
+    """Why `revision` is not a branch, tag or commit the hub accepts (git's ref rules), or None."""
+    if not isinstance(revision, str) or not revision:
+        return "it must be a branch, tag or commit hash"
+    if len(revision) > 255:
+        return "it is longer than 255 characters"
+    found = _REVISION_FORBIDDEN.search(revision)
+    if found:
+        return f"it contains {found.group(0)!r}, which no branch, tag or commit may contain"
+    parts = revision.split("/")
+    if revision == "@" or revision.endswith(".") or "" in parts:
+        return "it must not be '@', end with '.', or start or end with '/'"
+    if any(part.startswith(".") or part.endswith(".lock") for part in parts):
+        return "no part of it may start with '.' or end with '.lock'"
+    return None
 
 
 # ---- file lists -----------------------------------------------------------------------------------
@@ -375,6 +412,19 @@ def nearest_existing_directory(path):
             break
         path = parent
     return path
+
+
+def blocking_file(path):
+    """The closest existing non-directory among `path` and its parents: a destination cannot be made under it."""
+    path = os.path.abspath(path)
+    while not os.path.isdir(path):
+        if os.path.lexists(path):
+            return path
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return None
 
 
 def required_free_bytes(needed, margin, reserve):

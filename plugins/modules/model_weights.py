@@ -43,7 +43,7 @@ attributes:
     support: full
 options:
   path:
-    description: Directory of the weights; created (with its parents) only when something is fetched.
+    description: Absolute directory of the weights; created (with its parents) only when something is fetched.
     type: path
     required: true
   source:
@@ -59,21 +59,25 @@ options:
         required: true
         choices: [hub, local]
       repo:
-        description: Repository on the hub, C(owner/name). Required with O(source.kind=hub).
+        description:
+          - Repository on the hub, C(owner/name) (letters, digits, C(-), C(_) and C(.); no C(..) or C(--)).
+            Required with O(source.kind=hub).
         type: str
       revision:
         description:
-          - Branch, tag or commit on the hub. A commit hash pins the weights; the module returns the
-            commit that a branch or tag resolved to.
+          - Branch, tag or commit on the hub (a name that git and the hub accept). A commit hash pins the
+            weights; the module returns the commit that a branch or tag resolved to.
         type: str
         default: main
       allow_patterns:
-        description: Fetch only files matching one of these shell patterns (C(*.safetensors), C(tokenizer*)).
+        description:
+          - Fetch only files matching one of these shell patterns (C(*.safetensors), C(tokenizer*)); each must
+            be a non-empty string.
         type: list
-        elements: str
+        elements: raw
         default: []
       path:
-        description: Directory of the weights on the host. Required with O(source.kind=local).
+        description: Absolute directory of the weights on the host. Required with O(source.kind=local).
         type: path
   mirror:
     description:
@@ -103,7 +107,7 @@ options:
   workers:
     description:
       - Files and byte ranges fetched at once (connections), which also hash what they fetched.
-      - Defaults to 2 per CPU the module may use, from 4 to 32.
+      - Defaults to 2 per CPU the module may use, from 4 to 32. From 1 to 256.
     type: int
   state:
     description:
@@ -114,7 +118,7 @@ options:
     choices: [present, check]
     default: present
   margin:
-    description: Free space required beyond the needed bytes, as a fraction of them.
+    description: Free space required beyond the needed bytes, as a fraction of them (0 or more).
     type: float
     default: 0.05
   reserve:
@@ -123,12 +127,12 @@ options:
     default: 1G
   progress_file:
     description:
-      - JSON file that receives the download's progress (bytes done and needed, rate, ETA,
+      - Absolute path of a JSON file that receives the download's progress (bytes done and needed, rate, ETA,
         the oldest file in flight and how many are) about once a second, for a role that polls an
         asynchronous run. Removed when the fetch ends.
     type: path
   timeout:
-    description: Seconds to wait for the source to answer one request.
+    description: Seconds to wait for the source to answer one request (more than 0).
     type: int
     default: 60
 notes:
@@ -254,7 +258,6 @@ import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.common.text.formatters import human_to_bytes
 
 from ansible_collections.llmops.vllm.plugins.module_utils._hub_client import (
     CLIENTS,
@@ -281,6 +284,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._weights_fetch import 
     Progress,
     default_workers,
 )
+from ansible_collections.llmops.vllm.plugins.module_utils._weights_options import problems, reserve_bytes
 
 
 def describe(step):
@@ -345,7 +349,7 @@ def main():
                     "kind": {"type": "str", "required": True, "choices": ["hub", "local"]},
                     "repo": {"type": "str"},
                     "revision": {"type": "str", "default": "main"},
-                    "allow_patterns": {"type": "list", "elements": "str", "default": []},
+                    "allow_patterns": {"type": "list", "elements": "raw", "default": []},
                     "path": {"type": "path"},
                 },
                 "required_if": [("kind", "hub", ["repo"]), ("kind", "local", ["path"])],
@@ -364,15 +368,13 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
+    found = problems(params)
+    if found:
+        module.fail_json(msg="model_weights cannot run: " + "; ".join(found), problems=found)
     source = params["source"]
     if source["kind"] == "local":
         local_weights(module, source["path"])
-    try:
-        reserve = human_to_bytes(params["reserve"])
-    except ValueError as error:
-        module.fail_json(msg=f"reserve: {error}")
-    if params["margin"] < 0 or reserve < 0:
-        module.fail_json(msg="margin and reserve must not be negative")
+    reserve = reserve_bytes(params["reserve"])
     workers = params["workers"] or default_workers()
 
     dest = params["path"]

@@ -29,13 +29,16 @@ from ansible_collections.llmops.vllm.plugins.module_utils._weights import (
     PathSource,
     RemoteFile,
     WeightsError,
+    blocking_file,
     check_space,
     hub_endpoint,
     hub_files,
     listing_links,
     nearest_existing_directory,
     plan_fetch,
+    repo_problem,
     required_free_bytes,
+    revision_problem,
     select_files,
 )
 from ansible_collections.llmops.vllm.plugins.module_utils._weights_fetch import (
@@ -111,6 +114,47 @@ def test_files_outside_the_directory_are_refused(path):
 def test_files_in_the_partial_directory_are_refused():
     with pytest.raises(WeightsError, match="unfinished files"):
         hub_files({"siblings": [{"rfilename": f"{PARTIAL_DIR}/model.safetensors", "size": 1}]})
+
+
+@pytest.mark.parametrize(
+    "repo", ["MiniMaxAI/MiniMax-M2.5", "moonshotai/Kimi-K2.5", "gpt2", "nvidia/Kimi-K2.5-NVFP4", "a_b/c.d"]
+)
+def test_repository_names_the_hub_accepts(repo):
+    assert repo_problem(repo) is None
+
+
+@pytest.mark.parametrize(
+    ("repo", "why"),
+    [
+        ("llmops/..", "'..'"),
+        ("../etc", "'..'"),
+        ("owner/a..b", "'..'"),
+        ("a/b/c", "one slash"),
+        ("owner/", "each part"),
+        ("/name", "each part"),
+        ("owner/-name", "each part"),
+        ("owner/name.", "each part"),
+        ("own er/name", "each part"),
+        ("owner/x--y", "'--'"),
+        ("", "owner/name"),
+        (None, "owner/name"),
+    ],
+)
+def test_repository_names_the_hub_refuses(repo, why):
+    assert why in repo_problem(repo)
+
+
+@pytest.mark.parametrize("revision", ["main", "v1.0", "refs/pr/12", "0f3c2b1a09f8e7d6c5b4a39281706f5e4d3c2b1a", "a_b"])
+def test_revisions_the_hub_accepts(revision):
+    assert revision_problem(revision) is None
+
+
+@pytest.mark.parametrize(
+    "revision", ["", "main branch", "a..b", "v1:2", "x~1", "x^", "a*", "a[b", "a\\b", "@", "@{u}", "x.", "/main",
+                 "main/", "a//b", ".hidden", "refs/.x", "x.lock", "tab\tx", "x" * 256],
+)  # fmt: skip
+def test_revisions_the_hub_refuses(revision):
+    assert revision_problem(revision)
 
 
 def test_hub_endpoint_comes_from_the_caller_then_hf_endpoint(monkeypatch):
@@ -238,6 +282,13 @@ def test_byte_ranges_merge_and_say_what_is_missing():
 def test_nearest_existing_directory(tmp_path):
     assert nearest_existing_directory(str(tmp_path / "a" / "b" / "c")) == str(tmp_path)
     assert nearest_existing_directory(str(tmp_path)) == str(tmp_path)
+
+
+def test_blocking_file(tmp_path):
+    write(tmp_path / "file", b"x")
+    assert blocking_file(str(tmp_path / "file" / "weights" / "tiny")) == str(tmp_path / "file")
+    assert blocking_file(str(tmp_path / "file")) == str(tmp_path / "file")
+    assert blocking_file(str(tmp_path / "a" / "b")) is None
 
 
 def test_default_workers_follow_the_cores():

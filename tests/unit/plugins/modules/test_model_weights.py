@@ -1,6 +1,7 @@
 """The model_weights module end to end: a mirror on a local path, the hub stand-in through the module's own
-fetch and through huggingface_hub, an interrupted fetch that the next run resumes, and bad input (the HTTP
-details are in the module_utils tests)."""
+fetch and through huggingface_hub, an interrupted fetch that the next run resumes, and bad input that
+fails naming the option and its value before anything is read or written (the HTTP details are in the
+module_utils tests)."""
 
 import hashlib
 import os
@@ -8,7 +9,7 @@ import os
 import pytest
 
 from ansible_collections.llmops.vllm.plugins.module_utils import _weights_fetch
-from ansible_collections.llmops.vllm.plugins.module_utils._weights import PARTIAL_DIR
+from ansible_collections.llmops.vllm.plugins.module_utils._weights import MANIFEST_NAME, PARTIAL_DIR
 from ansible_collections.llmops.vllm.plugins.modules import model_weights
 
 MODEL = bytes(range(256)) * 64
@@ -62,6 +63,16 @@ def hub_args(tmp_path, **more):
         "reserve": "0",
         **more,
     }
+
+
+def tree(root):
+    """Every path under `root` with its size and mtime: what a refused run must leave as it was."""
+    found = {}
+    for directory, _subdirectories, names in os.walk(root):
+        for name in [*names, "."]:
+            stat = os.stat(os.path.join(directory, name))
+            found[os.path.join(directory, name)] = (stat.st_size if name != "." else 0, stat.st_mtime_ns)
+    return found
 
 
 def test_fetches_then_changes_nothing(tmp_path, mirror, run):
@@ -135,9 +146,123 @@ def test_the_library_path_in_check_mode_writes_nothing(tmp_path, hub, run):
     assert not (tmp_path / "weights").exists()
 
 
-def test_bad_input_changes_nothing(tmp_path, mirror, run):
-    assert "reserve" in run(args(tmp_path, mirror, reserve="lots"), fails=True)["msg"]
-    assert "must not be negative" in run(args(tmp_path, mirror, margin=-0.1), fails=True)["msg"]
+# ---- bad input: refused before anything is read or written, naming the option and the value ------------
+
+
+def bad(tmp_path, mirror_root, **changes):
+    module_args = args(tmp_path, mirror_root)
+    source = {**module_args["source"], **changes.pop("source", {})}
+    return {**module_args, "source": source, **changes}
+
+
+BAD_INPUT = {
+    "repo that climbs out of the mirror": (
+        {"source": {"repo": "llmops/.."}},
+        "source.repo='llmops/..': it must not contain",
+    ),
+    "repo above the mirror": (
+        {"source": {"repo": "../etc"}},
+        "source.repo='../etc': it must not contain '--' or '..'",
+    ),
+    "repo with three parts": ({"source": {"repo": "a/b/c"}}, "source.repo='a/b/c': it must be owner/name"),
+    "relative destination": ({"path": "weights/tiny"}, "path='weights/tiny': it must be an absolute path"),
+    "relative local source": (
+        {"source": {"kind": "local", "path": "models/tiny", "repo": None}},
+        "source.path='models/tiny': it must be an absolute path",
+    ),
+    "number as a pattern": ({"source": {"allow_patterns": ["*.json", 7]}}, "source.allow_patterns[1]=7: it is int"),
+    "mapping as a pattern": (
+        {"source": {"allow_patterns": [{"a": 1}]}},
+        "source.allow_patterns[0]={'a': 1}: it is dict",
+    ),
+    "empty pattern": ({"source": {"allow_patterns": [""]}}, "source.allow_patterns[0]='': it is str; each pattern"),
+    "revision with a space": (
+        {"source": {"revision": "main branch"}},
+        "source.revision='main branch': it contains ' '",
+    ),
+    "revision with ..": ({"source": {"revision": "v1..v2"}}, "source.revision='v1..v2': it contains '..'"),
+    "empty revision": ({"source": {"revision": ""}}, "source.revision='': it must be a branch, tag or commit hash"),
+    "revision ending in .lock": ({"source": {"revision": "x.lock"}}, "source.revision='x.lock': no part of it may"),
+    "negative margin": ({"margin": -0.1}, "margin=-0.1: it must be a fraction of 0 or more"),
+    "margin that is not a number": ({"margin": float("nan")}, "margin=nan: it must be a fraction of 0 or more"),
+    "negative reserve": ({"reserve": "-1G"}, "reserve='-1G': it must be a size of 0 or more"),
+    "reserve without a size": ({"reserve": "lots"}, "reserve='lots': it must be a size"),
+    "zero timeout": ({"timeout": 0}, "timeout=0: it must be more than 0 seconds"),
+    "negative timeout": ({"timeout": -5}, "timeout=-5: it must be more than 0 seconds"),
+    "zero workers": ({"workers": 0}, "workers=0: it must be from 1 to 256"),
+    "negative workers": ({"workers": -3}, "workers=-3: it must be from 1 to 256"),
+    "mirror of another scheme": (
+        {"mirror": "ftp://mirror.lab/models"},
+        "mirror='ftp://mirror.lab/models': it must be an http",
+    ),
+    "relative mirror path": (
+        {"mirror": "shared/models"},
+        "mirror='shared/models': it must be an http(s) URL or an absolute",
+    ),
+    "hub endpoint without a scheme": (
+        {"mirror": None, "hub_endpoint": "huggingface.co"},
+        "hub_endpoint='huggingface.co': it must",
+    ),
+    "relative progress file": (
+        {"progress_file": "progress.json"},
+        "progress_file='progress.json': it must be an absolute",
+    ),
+}
+
+
+@pytest.mark.parametrize(("changes", "message"), list(BAD_INPUT.values()), ids=list(BAD_INPUT))
+def test_bad_input_fails_naming_the_option_and_changes_nothing(tmp_path, mirror, run, changes, message):
+    before = tree(tmp_path)
+    result = run(bad(tmp_path, mirror, **changes), fails=True)
+    assert message in result["msg"], result["msg"]
+    assert tree(tmp_path) == before
+
+
+def test_a_destination_under_a_regular_file_is_refused(tmp_path, mirror, run):
+    (tmp_path / "file").write_text("not a directory")
+    before = tree(tmp_path)
+    for path, message in [
+        (
+            tmp_path / "file" / "weights" / "tiny",
+            f"{tmp_path / 'file'} is a file, not a directory, so nothing can be made",
+        ),
+        (tmp_path / "file", "it is a file, not a directory"),
+    ]:
+        result = run(bad(tmp_path, mirror, path=str(path)), fails=True)
+        assert f"path='{path}': {message}" in result["msg"]
+    assert tree(tmp_path) == before
+
+
+def test_every_bad_option_is_named_at_once(tmp_path, mirror, run):
+    result = run(bad(tmp_path, mirror, path="weights", timeout=0, source={"repo": "a/.."}), fails=True)
+    assert [problem.split("=")[0] for problem in result["problems"]] == ["path", "source.repo", "timeout"]
+
+
+def test_a_bad_hf_endpoint_is_named(tmp_path, run, monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", "hub.lab:8080")
+    before = tree(tmp_path)
+    result = run(hub_args(tmp_path), fails=True)
+    assert "HF_ENDPOINT (the environment's hub)='hub.lab:8080': it must be an http:// or https:// URL" in result["msg"]
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"hub_client": "wget"}, "value of hub_client must be one of: auto, huggingface_hub, builtin, got: wget"),
+        ({"workers": "many"}, "argument 'workers' is of type"),
+        ({"source": {"kind": "s3"}}, "value of kind must be one of: hub, local, got: s3 found in source"),
+    ],
+    ids=["client", "workers-type", "source-kind"],
+)
+def test_the_argument_spec_refuses_types_and_choices(tmp_path, mirror, run, changes, message):
+    before = tree(tmp_path)
+    assert message in run(bad(tmp_path, mirror, **changes), fails=True)["msg"]
+    assert tree(tmp_path) == before
+
+
+def test_a_mirror_path_that_does_not_exist_is_named(tmp_path, mirror, run):
     missing = run(args(tmp_path, str(tmp_path / "nowhere")), fails=True)
     assert "does not exist on this host" in missing["msg"]
     assert not (tmp_path / "weights").exists()
+    assert not (tmp_path / "weights" / "tiny" / MANIFEST_NAME).exists()
