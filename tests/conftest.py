@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.util
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
+
+# A plain file, not a package module: the benchmark copies it onto the local host and runs it there.
+_SPEC = importlib.util.spec_from_file_location("hub_standin", Path(__file__).with_name("hub_standin.py"))
+hub_standin_module = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(hub_standin_module)
 
 
 @pytest.fixture
@@ -46,3 +53,15 @@ def hub_server():
     for server in servers:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def hub_standin(tmp_path):
+    """A hub stand-in that answers as the hub does (model info, tree, resolve with redirects to a CDN on
+    another port, Range, X-Linked-Etag), serving the repositories put under `standin.root` (owner/name/):
+    call `standin.add_repo("owner/name")` once the files are there. See tests/hub_standin.py."""
+    root = tmp_path / "hub"
+    root.mkdir()
+    standin = hub_standin_module.HubStandIn(str(root)).start()
+    yield standin
+    standin.stop()

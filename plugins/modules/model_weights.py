@@ -15,12 +15,23 @@ description:
   - Compares that list with the weights directory and its manifest C(.llmops-weights.json), and counts
     the bytes still needed. Before anything is written, it fails when those bytes, with a margin and a
     reserve, exceed the free space of the filesystem that will hold the directory, naming both numbers.
-  - Resumes files that are shorter than the source's (HTTP Range, or a seek on a mounted path), fetches
-    again files that are longer or whose SHA-256 differs, and verifies each fetched file's size and hash.
-    Each verified file is recorded in the manifest, so a later run checks only files that changed.
+  - Fetches several files at once, and splits the last large files into byte ranges over several
+    connections (O(workers) in all). Files land in C(.llmops-partial/) under the directory and move to
+    their names only once their size and SHA-256 are checked; the SHA-256 is computed while the bytes
+    land, by the workers, on several cores.
+  - An interrupted or failed fetch leaves the manifest saying which files are missing and which byte
+    ranges of them are there; the next run resumes those ranges (HTTP Range, or a seek on a mounted path).
+    A file whose SHA-256 differs is fetched once more; if it differs again the run fails and the copy is
+    removed. A directory whose manifest lists missing files is refused as a mirror.
+  - From the hub, where the Python that runs the module can import huggingface_hub (the vLLM venv can),
+    the library fetches the files (with hf_xet for Xet-backed repositories where it is installed),
+    several at once; each is hashed as soon as it is there and checked against the hub's SHA-256. The
+    library fetches whole files, so partial copies are started over. Elsewhere the module's own fetch runs.
+    O(hub_client) chooses; the result's RV(fetch_client) says which ran and why.
+  - Without huggingface_hub the module uses only the Python standard library, so the check runs on a
+    bare host before vLLM is installed.
   - A directory that serves this manifest (for example a host's weights directory behind nginx) is a
     mirror that passes the sizes and hashes on to the hosts that fetch from it.
-  - Uses only the Python standard library on the host, so it runs before vLLM is installed.
 extends_documentation_fragment:
   - llmops.vllm.attributes
 attributes:
@@ -32,7 +43,7 @@ attributes:
     support: full
 options:
   path:
-    description: Directory of the weights; created (with its parents) only when something is fetched.
+    description: Absolute directory of the weights; created (with its parents) only when something is fetched.
     type: path
     required: true
   source:
@@ -48,21 +59,25 @@ options:
         required: true
         choices: [hub, local]
       repo:
-        description: Repository on the hub, C(owner/name). Required with O(source.kind=hub).
+        description:
+          - Repository on the hub, C(owner/name) (letters, digits, C(-), C(_) and C(.); no C(..) or C(--)).
+            Required with O(source.kind=hub).
         type: str
       revision:
         description:
-          - Branch, tag or commit on the hub. A commit hash pins the weights; the module returns the
-            commit that a branch or tag resolved to.
+          - Branch, tag or commit on the hub (a name that git and the hub accept). A commit hash pins the
+            weights; the module returns the commit that a branch or tag resolved to.
         type: str
         default: main
       allow_patterns:
-        description: Fetch only files matching one of these shell patterns (C(*.safetensors), C(tokenizer*)).
+        description:
+          - Fetch only files matching one of these shell patterns (C(*.safetensors), C(tokenizer*)); each must
+            be a non-empty string.
         type: list
-        elements: str
+        elements: raw
         default: []
       path:
-        description: Directory of the weights on the host. Required with O(source.kind=local).
+        description: Absolute directory of the weights on the host. Required with O(source.kind=local).
         type: path
   mirror:
     description:
@@ -71,12 +86,29 @@ options:
         hashes; otherwise sizes come from C(Content-Length)), or an absolute path the host mounts.
     type: str
   hub_endpoint:
-    description: Base URL of the hub, or of a hub-compatible proxy.
+    description:
+      - Base URL of the hub, or of a hub-compatible proxy.
+      - Defaults to the E(HF_ENDPOINT) variable of the module's environment, else C(https://huggingface.co).
     type: str
-    default: https://huggingface.co
   hub_token:
-    description: Hugging Face token for gated or private repositories. Sent only to O(hub_endpoint).
+    description:
+      - Hugging Face token for gated or private repositories. Sent only to the hub's own host, never to the
+        CDN it redirects downloads to.
+      - The only token used; a token that huggingface_hub could find on the host (E(HF_TOKEN), a login) is not.
     type: str
+  hub_client:
+    description:
+      - What fetches from the hub (a mirror is always fetched by the module's own code).
+      - V(auto) uses huggingface_hub where the module's Python can import it, else the module's own fetch.
+      - V(huggingface_hub) fails when the library cannot be imported; V(builtin) never uses it.
+    type: str
+    choices: [auto, huggingface_hub, builtin]
+    default: auto
+  workers:
+    description:
+      - Files and byte ranges fetched at once (connections), which also hash what they fetched.
+      - Defaults to 2 per CPU the module may use, from 4 to 32. From 1 to 256.
+    type: int
   state:
     description:
       - V(present) fetches what is missing.
@@ -86,7 +118,7 @@ options:
     choices: [present, check]
     default: present
   margin:
-    description: Free space required beyond the needed bytes, as a fraction of them.
+    description: Free space required beyond the needed bytes, as a fraction of them (0 or more).
     type: float
     default: 0.05
   reserve:
@@ -95,16 +127,19 @@ options:
     default: 1G
   progress_file:
     description:
-      - JSON file that receives the download's progress (bytes done and needed, rate, ETA, current file)
-        about once a second, for a role that polls an asynchronous run. Removed when the fetch ends.
+      - Absolute path of a JSON file that receives the download's progress (bytes done and needed, rate, ETA,
+        the oldest file in flight and how many are) about once a second, for a role that polls an
+        asynchronous run. Removed when the fetch ends.
     type: path
   timeout:
-    description: Seconds to wait for the source to answer one request.
+    description: Seconds to wait for the source to answer one request (more than 0).
     type: int
     default: 60
 notes:
   - Files without a hash (the hub's small non-LFS files, a mirror without a manifest) are checked by size;
     the module hashes them once it has them and so still notices a later change on the host.
+  - A source that ignores Range requests (C(python3 -m http.server)) gets one connection per file, and an
+    interrupted file starts over.
 """
 
 EXAMPLES = r"""
@@ -127,7 +162,20 @@ EXAMPLES = r"""
       allow_patterns: ["*.safetensors", "*.json", "*.py", "tiktoken.model"]
     mirror: http://weights.lab.internal/models
     reserve: 20G
+    workers: 16
     progress_file: /data/models/.kimi_k25.progress.json
+
+- name: Fetch from the hub with huggingface_hub from vLLM's venv (hf_xet where the repository uses Xet)
+  llmops.vllm.model_weights:
+    path: /var/lib/vllm/models/minimax_m25
+    source:
+      kind: hub
+      repo: MiniMaxAI/MiniMax-M2.5
+      revision: 0f3c2b1a09f8e7d6c5b4a39281706f5e4d3c2b1a
+    hub_client: huggingface_hub
+    hub_token: "{{ vllm_server_hf_token }}"
+  vars:
+    ansible_python_interpreter: /opt/vllm/venv/bin/python
 """
 
 RETURN = r"""
@@ -137,7 +185,9 @@ path:
   type: str
   sample: /var/lib/vllm/models/minimax_m25
 files:
-  description: Every file of the source, with its size, hash when known, and what was (or would be) done.
+  description:
+    - Every file of the source, with its size, hash when known, and what was (or would be) done.
+    - C(offset) is the bytes already there (of a resumed file, the byte ranges it holds).
   returned: always
   type: list
   elements: dict
@@ -163,11 +213,30 @@ free_bytes:
   returned: always
   type: int
   sample: 1800000000000
+fetch_client:
+  description:
+    - What fetches (or would fetch) the files, and why; the Python that ran the module.
+    - C(name) is V(huggingface_hub) (with C(version)) or V(builtin), the module's own fetch.
+  returned: when O(source.kind=hub)
+  type: dict
+  sample: {"name": "huggingface_hub", "version": "2.4.0", "python": "/opt/vllm/venv/bin/python",
+           "reason": "/opt/vllm/venv/bin/python has huggingface_hub 2.4.0"}
+workers:
+  description: Files and byte ranges fetched at once.
+  returned: when O(source.kind=hub)
+  type: int
+  sample: 8
 fetched_bytes:
   description: Bytes fetched by this run.
   returned: when O(state=present), not in check mode
   type: int
   sample: 4996951424
+missing:
+  description: Files that the failed fetch left missing, as the manifest records them; the next run resumes them.
+  returned: when the fetch failed
+  type: list
+  elements: str
+  sample: ["model-00002-of-00002.safetensors"]
 elapsed:
   description: Seconds the fetch took.
   returned: when O(state=present), not in check mode
@@ -189,21 +258,33 @@ import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.common.text.formatters import human_to_bytes
 
+from ansible_collections.llmops.vllm.plugins.module_utils._hub_client import (
+    CLIENTS,
+    LibrarySource,
+    choose_client,
+    fetch_with_library,
+)
 from ansible_collections.llmops.vllm.plugins.module_utils._weights import (
-    Progress,
     WeightsError,
     check_space,
     disk_usage_free,
-    fetch,
+    hub_endpoint,
     local_files,
     nearest_existing_directory,
     open_source,
     plan_fetch,
+    read_manifest,
     required_free_bytes,
     select_files,
 )
+from ansible_collections.llmops.vllm.plugins.module_utils._weights_fetch import (
+    Fetcher,
+    Manifest,
+    Progress,
+    default_workers,
+)
+from ansible_collections.llmops.vllm.plugins.module_utils._weights_options import problems, reserve_bytes
 
 
 def describe(step):
@@ -233,6 +314,30 @@ def local_weights(module, path):
     )
 
 
+def list_files(module, source, description, workers):
+    """(the client that fetches, the source, its files, the plan), or fail naming the repository."""
+    params = module.params
+    endpoint = hub_endpoint(params["hub_endpoint"])
+    try:
+        library, client = choose_client(params["hub_client"], params["mirror"])
+        if library is not None:
+            origin = LibrarySource(
+                library, source["repo"], source["revision"], endpoint, params["hub_token"], params["timeout"]
+            )
+        else:
+            origin = open_source(
+                source["repo"], source["revision"], params["mirror"], endpoint, params["hub_token"], params["timeout"]
+            )
+        files = select_files(origin.files(), source["allow_patterns"])
+        if not files:
+            raise WeightsError(f"the source has no files matching {source['allow_patterns']}")
+        steps = plan_fetch(files, params["path"], description, ranges=library is None, workers=workers)
+    except WeightsError as error:
+        hint = " (a gated or private repository: set hub_token)" if error.status in (401, 403) else ""
+        module.fail_json(msg=f"Cannot list the weights of {source['repo']}: {error}{hint}")
+    return client, origin, files, steps
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -244,14 +349,16 @@ def main():
                     "kind": {"type": "str", "required": True, "choices": ["hub", "local"]},
                     "repo": {"type": "str"},
                     "revision": {"type": "str", "default": "main"},
-                    "allow_patterns": {"type": "list", "elements": "str", "default": []},
+                    "allow_patterns": {"type": "list", "elements": "raw", "default": []},
                     "path": {"type": "path"},
                 },
                 "required_if": [("kind", "hub", ["repo"]), ("kind", "local", ["path"])],
             },
             "mirror": {"type": "str"},
-            "hub_endpoint": {"type": "str", "default": "https://huggingface.co"},
+            "hub_endpoint": {"type": "str"},
             "hub_token": {"type": "str", "no_log": True},
+            "hub_client": {"type": "str", "choices": list(CLIENTS), "default": "auto"},
+            "workers": {"type": "int"},
             "state": {"type": "str", "choices": ["present", "check"], "default": "present"},
             "margin": {"type": "float", "default": 0.05},
             "reserve": {"type": "str", "default": "1G"},
@@ -261,34 +368,18 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
+    found = problems(params)
+    if found:
+        module.fail_json(msg="model_weights cannot run: " + "; ".join(found), problems=found)
     source = params["source"]
     if source["kind"] == "local":
         local_weights(module, source["path"])
-    try:
-        reserve = human_to_bytes(params["reserve"])
-    except ValueError as error:
-        module.fail_json(msg=f"reserve: {error}")
-    if params["margin"] < 0 or reserve < 0:
-        module.fail_json(msg="margin and reserve must not be negative")
+    reserve = reserve_bytes(params["reserve"])
+    workers = params["workers"] or default_workers()
 
     dest = params["path"]
     description = {"kind": "hub", "repo": source["repo"], "revision": source["revision"]}
-    try:
-        origin = open_source(
-            source["repo"],
-            source["revision"],
-            params["mirror"],
-            params["hub_endpoint"],
-            params["hub_token"],
-            params["timeout"],
-        )
-        files = select_files(origin.files(), source["allow_patterns"])
-        if not files:
-            raise WeightsError(f"the source has no files matching {source['allow_patterns']}")
-        steps = plan_fetch(files, dest, description)
-    except WeightsError as error:
-        module.fail_json(msg=f"Cannot list the weights of {source['repo']}: {error}")
-
+    client, origin, files, steps = list_files(module, source, description, workers)
     needed = sum(step.bytes_needed for step in steps)
     free = disk_usage_free(dest)
     report = {
@@ -298,6 +389,8 @@ def main():
         "needed_bytes": needed,
         "required_free_bytes": required_free_bytes(needed, params["margin"], reserve),
         "free_bytes": free,
+        "fetch_client": client,
+        "workers": workers,
     }
     if getattr(origin, "commit", None):
         report["commit"] = origin.commit
@@ -311,9 +404,19 @@ def main():
     progress = Progress(params["progress_file"], needed)
     started = time.monotonic()
     try:
-        fetch(origin, steps, dest, description, progress)
+        os.makedirs(dest, exist_ok=True)
+        manifest = Manifest(dest, description, {file.path for file in files}, report.get("commit"))
+        if isinstance(origin, LibrarySource):
+            fetch_with_library(origin, steps, dest, manifest, progress, workers)
+        else:
+            Fetcher(origin, dest, manifest, progress, workers).run(steps)
     except (WeightsError, OSError) as error:
-        module.fail_json(msg=f"Fetching the weights into {dest} failed: {error}", fetched_bytes=progress.done, **report)
+        module.fail_json(
+            msg=f"Fetching the weights into {dest} failed: {error}",
+            fetched_bytes=progress.done,
+            missing=sorted(read_manifest(dest).get("missing") or {}),
+            **report,
+        )
     finally:
         progress.remove()
     elapsed = time.monotonic() - started

@@ -221,8 +221,8 @@ from ansible_collections.llmops.vllm.plugins.module_utils._planner import (
 )
 from ansible_collections.llmops.vllm.plugins.module_utils._serve_command import ServeSpecError
 from ansible_collections.llmops.vllm.plugins.module_utils._weights import (
-    HUB_ENDPOINT,
     WeightsError,
+    hub_endpoint,
     open_source,
     read_source_json,
 )
@@ -241,7 +241,7 @@ def read_local_config(path):
 def fetch_hub_config(module):
     """config.json alone, from the mirror when one is set, else from the hub."""
     params = module.params
-    endpoint = params["hub_endpoint"] or os.environ.get("HF_ENDPOINT") or HUB_ENDPOINT
+    endpoint = hub_endpoint(params["hub_endpoint"])
     source = open_source(
         params["hub_repo"], params["hub_revision"], params["mirror"], endpoint, params["hub_token"], params["timeout"]
     )

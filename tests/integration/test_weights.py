@@ -1,20 +1,40 @@
-"""Weights on a real host: the disk check before anything changes, a fleet mirror over HTTP, resume, verify.
+"""Weights on a real host: the disk check before anything changes, a fleet mirror over HTTP, resume, verify,
+an interrupted fetch, and the hub through vLLM's huggingface_hub.
 
 The mirror is nginx (autoindex, Range requests) inside the host, serving `tiny` that tiny_model wrote
 into /srv/mirror/llmops/tiny: the same files a real mirror would hold. A catalog entry of the user's
 names it as the hub repository llmops/tiny; vllm_weights_mirror sends the fetch to nginx. The hub
-itself is not reachable from these machines and is not tested here.
+itself is not reachable from these machines: the hub stand-in of the unit tests (tests/hub_standin.py)
+serves the same files inside the host, and the module runs there under vLLM's venv, as the role runs it.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
+import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from .conftest import SMALL_FS
+
+STANDIN = Path(__file__).resolve().parents[1] / "hub_standin.py"
+VENV_PYTHON = "/opt/vllm/venv/bin/python"
+HUB_PORT, CDN_PORT = 8093, 8094
+# Until the stand-in answers at all (its 401 to a request without the token is an answer).
+WAIT_FOR_HUB = """
+import time, urllib.error, urllib.request
+for _ in range(100):
+    try:
+        urllib.request.urlopen("{url}", timeout=5)
+    except urllib.error.HTTPError:
+        break
+    except OSError:
+        time.sleep(0.1)
+"""
 
 MIRROR_ROOT = "/srv/mirror"
 MIRROR_URL = "http://127.0.0.1:8088"
@@ -108,15 +128,23 @@ def deploy_args(catalog, *extra):
     )
 
 
-def fetch_tiny(host, path, check_mode=False):
+def fetch_tiny(host, path, check_mode=False, python="", **where):
+    """model_weights for llmops/tiny into `path`, from `where` (mirror=..., or hub_endpoint=...), else the mirror."""
     return host.module(
         "llmops.vllm.model_weights",
         check_mode=check_mode,
+        python=python,
         path=path,
         source={"kind": "hub", "repo": REPO},
-        mirror=MIRROR_URL,
         reserve="0",
+        **(where or {"mirror": MIRROR_URL}),
     )
+
+
+def sha256s(host, path):
+    """SHA-256 of the files under their names in `path` (hidden ones, the manifest and partial copies, left out)."""
+    copied = host.sh(f"cd {path} && sha256sum *").stdout
+    return {name: digest for digest, name in (line.split() for line in copied.splitlines())}
 
 
 def test_weights_that_do_not_fit_fail_before_anything_is_written(deployed, mirror, catalog):
@@ -147,7 +175,9 @@ def test_deploy_loads_weights_from_the_http_mirror(deployed, mirror, catalog):
     assert proc.returncode == 0, f"{proc.stdout[-6000:]}\n{proc.stderr[-2000:]}"
     try:
         output = " ".join(proc.stdout.split())  # the callback may wrap the message
-        progress = re.findall(r"msg: ([\d.]+ % \(.*? of .*?\), \S+ \S+/s, [\w.]+, ETA (?:\d+ s|unknown))", output)
+        progress = re.findall(
+            r"msg: ([\d.]+ % \(.*? of .*?\), \S+ \S+/s, [\w.]+(?: and \d+ more)?, ETA (?:\d+ s|unknown))", output
+        )
         print("\n".join(progress))
         assert progress and float(progress[-1].split()[0]) < 100
         copied = deployed.sh("cd /var/lib/vllm/models/tiny_mirror && sha256sum *").stdout
@@ -211,3 +241,84 @@ def test_interrupted_download_resumes_and_corruption_is_refetched(deployed, mirr
     assert {name: digest for digest, name in (line.split() for line in copied.splitlines())} == mirror
     settled = fetch_tiny(deployed, path)
     assert not settled["changed"] and settled["fetched_bytes"] == 0
+
+
+def test_an_interrupted_fetch_says_what_is_missing_and_the_next_run_resumes_it(deployed, mirror):
+    """nginx dies while the slow mirror sends tiny: nothing half-fetched is under its name, the manifest says
+    what is missing and what is there, and the next run fetches only the rest."""
+    host, path = deployed, "/var/tmp/weights-interrupt"
+    progress_file = "/var/tmp/weights-interrupt.progress.json"
+    host.sh(f"rm -rf {path} {progress_file}")
+    result = {}
+    fetch = threading.Thread(
+        target=lambda: result.update(fetch_tiny(host, path, mirror=SLOW_MIRROR_URL, progress_file=progress_file))
+    )
+    fetch.start()
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            done = host.sh(f"cat {progress_file} 2>/dev/null || echo '{{}}'").stdout
+            if json.loads(done or "{}").get("done_bytes", 0) > 2**20:
+                break
+            time.sleep(0.5)
+        host.sh("systemctl kill --signal=SIGKILL nginx")  # a stop would let nginx finish its responses first
+        fetch.join(timeout=300)
+    finally:
+        host.sh("systemctl reset-failed nginx; systemctl start nginx")
+    assert result.get("failed"), result
+    assert "model.safetensors" in result["missing"] and "run again to resume" in result["msg"]
+    manifest = json.loads(host.sh(f"cat {path}/.llmops-weights.json").stdout)
+    assert manifest["complete"] is False
+    have = manifest["missing"]["model.safetensors"]["have"]
+    held = sum(end - start for start, end in have)
+    assert held > 2**20
+    assert host.sh(f"test -e {path}/model.safetensors", check=False).returncode == 1
+    for name, digest in sha256s(host, path).items():  # what is under its name is whole and the mirror's
+        assert mirror[name] == digest and manifest["files"][name]["sha256"] == digest
+
+    resumed = fetch_tiny(host, path)
+    step = next(file for file in resumed["files"] if file["path"] == "model.safetensors")
+    assert (step["action"], step["offset"]) == ("resume", held)
+    assert resumed["fetched_bytes"] == resumed["needed_bytes"]
+    assert sha256s(host, path) == mirror
+    assert json.loads(host.sh(f"cat {path}/.llmops-weights.json").stdout)["complete"] is True
+    assert host.sh(f"test -e {path}/.llmops-partial", check=False).returncode == 1
+
+
+@pytest.fixture(scope="module")
+def hub(deployed, mirror):
+    """The hub stand-in inside the host, serving tiny as llmops/tiny; its endpoint."""
+    host = deployed
+    host.sh(f"rm -rf /srv/hub && mkdir -p /srv/hub/llmops && cp -r {MIRROR_ROOT}/{REPO} /srv/hub/{REPO}")
+    subprocess.run(["podman", "cp", str(STANDIN), f"{host.name}:/srv/hub_standin.py"], check=True)
+    host.sh(
+        "systemctl stop llmops-hub-standin 2>/dev/null; systemd-run --quiet --unit=llmops-hub-standin"
+        f" python3 /srv/hub_standin.py /srv/hub --port {HUB_PORT} --cdn-port {CDN_PORT} --token hf_integration"
+    )
+    endpoint = f"http://127.0.0.1:{HUB_PORT}"
+    host.sh(f"python3 - <<'EOF'\n{WAIT_FOR_HUB.format(url=endpoint + '/api/models/x/revision/main')}\nEOF")
+    yield endpoint
+    host.sh("systemctl stop llmops-hub-standin; rm -rf /srv/hub /srv/hub_standin.py")
+
+
+@pytest.mark.parametrize(
+    ("python", "client"), [(VENV_PYTHON, "huggingface_hub"), ("", "builtin")], ids=["venv", "host"]
+)
+def test_the_hub_is_fetched_by_huggingface_hub_where_the_python_has_it(deployed, mirror, hub, python, client):
+    host, path = deployed, f"/var/tmp/weights-hub-{client}"
+    host.sh(f"rm -rf {path}")
+    result = fetch_tiny(host, path, python=python, hub_endpoint=hub, hub_token="hf_integration")
+    assert not result.get("failed"), result
+    print(f"{client}: {result['fetch_client']['reason']}")
+    assert result["fetch_client"]["name"] == client
+    if client == "huggingface_hub":
+        assert result["fetch_client"]["python"] == VENV_PYTHON
+    else:
+        assert "cannot import huggingface_hub" in result["fetch_client"]["reason"]
+    assert result["fetched_bytes"] == result["total_bytes"] and result["commit"]
+    assert sha256s(host, path) == mirror
+    manifest = json.loads(host.sh(f"cat {path}/.llmops-weights.json").stdout)
+    assert manifest["complete"] is True and manifest["commit"] == result["commit"]
+    again = fetch_tiny(host, path, python=python, hub_endpoint=hub, hub_token="hf_integration")
+    assert again["changed"] is False and again["fetched_bytes"] == 0
+    host.sh(f"rm -rf {path}")

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -83,6 +84,19 @@ def _command_line(pid):
             return cmdline.read()
     except FileNotFoundError:
         return b""
+
+
+@pytest.fixture
+def hub_repo(hub_standin, tmp_path):
+    """`hub_repo(files)`: repository me/model holding `files` ({path: bytes}) on the hub stand-in, behind the
+    token hf_secret. Returns (standin, files, dest), dest a weights directory to fetch into."""
+
+    def make(files):
+        hub_standin.put("me/model", files)
+        hub_standin.token = "hf_secret"
+        return SimpleNamespace(standin=hub_standin, files=files, dest=str(tmp_path / "weights"))
+
+    return make
 
 
 @pytest.fixture

@@ -1,9 +1,10 @@
-"""Weights: file lists of each source, the fetch plan, the disk check, and resumed fetches over HTTP.
+"""Weights: file lists of each source, the fetch plan, the disk check, names the hub accepts, and fetches
+from an HTTP mirror and a path.
 
 The hub is not reachable from the test machines: its file list is tested on the JSON shape of its model
-API (what huggingface_hub's HfApi.model_info(files_metadata=True) reads). HTTP fetches run against a
-server on loopback, one that honours Range requests like nginx and one that ignores them like
-`python3 -m http.server`.
+API (what huggingface_hub's HfApi.model_info(files_metadata=True) reads), and the fetch from it against
+the stand-in in test_weights_fetch.py. HTTP mirrors run on loopback: one server honours Range requests
+like nginx, one ignores them like `python3 -m http.server`.
 """
 
 from __future__ import annotations
@@ -21,20 +22,30 @@ import pytest
 from ansible_collections.llmops.vllm.plugins.module_utils import _weights as weights
 from ansible_collections.llmops.vllm.plugins.module_utils._weights import (
     MANIFEST_NAME,
+    PARTIAL_DIR,
+    ByteRanges,
     HubSource,
     MirrorHttpSource,
     PathSource,
-    Progress,
     RemoteFile,
     WeightsError,
+    blocking_file,
     check_space,
-    fetch,
+    hub_endpoint,
     hub_files,
     listing_links,
     nearest_existing_directory,
     plan_fetch,
+    repo_problem,
     required_free_bytes,
+    revision_problem,
     select_files,
+)
+from ansible_collections.llmops.vllm.plugins.module_utils._weights_fetch import (
+    Fetcher,
+    Manifest,
+    Progress,
+    default_workers,
 )
 
 HUB = {"kind": "hub", "repo": "MiniMaxAI/MiniMax-M2.5", "revision": "main"}
@@ -67,6 +78,13 @@ def sha(data):
     return hashlib.sha256(data).hexdigest()
 
 
+def fetch(source, steps, dest, description, progress, workers=4):
+    """The module's fetch: the manifest of `dest`, then the steps, `workers` at a time."""
+    os.makedirs(dest, exist_ok=True)
+    manifest = Manifest(dest, description, {step.file.path for step in steps})
+    return Fetcher(source, dest, manifest, progress, workers, retry_delay=0).run(steps)
+
+
 def write(path, data):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
@@ -87,10 +105,64 @@ def test_hub_files_without_sizes_are_refused():
         hub_files({"siblings": [{"rfilename": "config.json"}]})
 
 
-@pytest.mark.parametrize("path", ["/etc/passwd", "../../etc/passwd", "a/../../b", "..", MANIFEST_NAME])
+@pytest.mark.parametrize("path", ["/etc/passwd", "../../etc/passwd", "a/../../b", "..", MANIFEST_NAME, ""])
 def test_files_outside_the_directory_are_refused(path):
     with pytest.raises(WeightsError, match="outside the weights directory"):
         hub_files({"siblings": [{"rfilename": path, "size": 1}]})
+
+
+def test_files_in_the_partial_directory_are_refused():
+    with pytest.raises(WeightsError, match="unfinished files"):
+        hub_files({"siblings": [{"rfilename": f"{PARTIAL_DIR}/model.safetensors", "size": 1}]})
+
+
+@pytest.mark.parametrize(
+    "repo", ["MiniMaxAI/MiniMax-M2.5", "moonshotai/Kimi-K2.5", "gpt2", "nvidia/Kimi-K2.5-NVFP4", "a_b/c.d"]
+)
+def test_repository_names_the_hub_accepts(repo):
+    assert repo_problem(repo) is None
+
+
+@pytest.mark.parametrize(
+    ("repo", "why"),
+    [
+        ("llmops/..", "'..'"),
+        ("../etc", "'..'"),
+        ("owner/a..b", "'..'"),
+        ("a/b/c", "one slash"),
+        ("owner/", "each part"),
+        ("/name", "each part"),
+        ("owner/-name", "each part"),
+        ("owner/name.", "each part"),
+        ("own er/name", "each part"),
+        ("owner/x--y", "'--'"),
+        ("", "owner/name"),
+        (None, "owner/name"),
+    ],
+)
+def test_repository_names_the_hub_refuses(repo, why):
+    assert why in repo_problem(repo)
+
+
+@pytest.mark.parametrize("revision", ["main", "v1.0", "refs/pr/12", "0f3c2b1a09f8e7d6c5b4a39281706f5e4d3c2b1a", "a_b"])
+def test_revisions_the_hub_accepts(revision):
+    assert revision_problem(revision) is None
+
+
+@pytest.mark.parametrize(
+    "revision", ["", "main branch", "a..b", "v1:2", "x~1", "x^", "a*", "a[b", "a\\b", "@", "@{u}", "x.", "/main",
+                 "main/", "a//b", ".hidden", "refs/.x", "x.lock", "tab\tx", "x" * 256],
+)  # fmt: skip
+def test_revisions_the_hub_refuses(revision):
+    assert revision_problem(revision)
+
+
+def test_hub_endpoint_comes_from_the_caller_then_hf_endpoint(monkeypatch):
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    assert hub_endpoint() == "https://huggingface.co"
+    monkeypatch.setenv("HF_ENDPOINT", "http://hub.lab:8080/")
+    assert hub_endpoint() == "http://hub.lab:8080"
+    assert hub_endpoint("https://proxy.lab") == "https://proxy.lab"
 
 
 def test_allow_patterns_follow_the_hub():
@@ -151,7 +223,6 @@ def test_plan_keeps_complete_resumes_short_and_refetches_long_or_corrupt(tmp_pat
 
 def test_plan_checks_files_without_a_source_hash_against_the_manifest(tmp_path):
     write(tmp_path / "config.json", b"{}")
-    fetch(PathSource(str(tmp_path)), [], str(tmp_path), HUB, Progress(None, 0))  # an empty manifest
     record = {"size": 2, "sha256": sha(b"{}"), "mtime_ns": os.stat(tmp_path / "config.json").st_mtime_ns}
     (tmp_path / MANIFEST_NAME).write_text(json.dumps({"source": HUB, "files": {"config.json": record}}))
     file = RemoteFile("config.json", 2)
@@ -174,16 +245,64 @@ def test_disk_check_names_both_numbers():
     assert "on /var/lib/vllm" in message and "nothing was written" in message
 
 
+def test_plan_resumes_the_ranges_a_partial_copy_holds(tmp_path):
+    data = os.urandom(5000)
+    file = RemoteFile("model.safetensors", 5000, sha(data))
+    write(tmp_path / PARTIAL_DIR / "model.safetensors", data[:1000] + bytes(3000) + data[4000:])
+    record = {"size": 5000, "sha256": sha(data), "have": [[0, 1000], [4000, 5000]]}
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps({"source": HUB, "missing": {file.path: record}}))
+    step = plan_fetch([file], str(tmp_path), HUB)[0]
+    assert (step.action, step.have, step.offset, step.bytes_needed) == ("resume", ((0, 1000), (4000, 5000)), 2000, 3000)
+    assert step.resume_from == "partial"
+    # A fetch that cannot ask for ranges, another file at the same path, or nonsense ranges: fetched whole.
+    assert plan_fetch([file], str(tmp_path), HUB, ranges=False)[0].action == "fetch"
+    assert plan_fetch([RemoteFile(file.path, 5000, sha(b"x"))], str(tmp_path), HUB)[0].action == "fetch"
+    assert plan_fetch([RemoteFile(file.path, 5000)], str(tmp_path), HUB)[0].action == "fetch"
+    record["sha256"] = None  # a mirror without hashes: its partial copy resumes, checked by size
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps({"source": HUB, "missing": {file.path: record}}))
+    assert plan_fetch([RemoteFile(file.path, 5000)], str(tmp_path), HUB)[0].action == "resume"
+    record["sha256"] = sha(data)
+    record["have"] = [[0, 6000]]
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps({"source": HUB, "missing": {file.path: record}}))
+    assert plan_fetch([file], str(tmp_path), HUB)[0].action == "fetch"
+
+
+def test_byte_ranges_merge_and_say_what_is_missing():
+    ranges = ByteRanges([(10, 20), (30, 40)])
+    ranges.add(20, 25)
+    ranges.add(50, 60)
+    assert ranges.as_list() == [[10, 25], [30, 40], [50, 60]]
+    ranges.add(5, 55)
+    assert ranges.as_list() == [[5, 60]]
+    assert ranges.covered() == 55 and ranges.contiguous_end(7) == 60 and ranges.contiguous_end(2) == 2
+    assert ranges.missing(70) == [(0, 5), (60, 70)]
+    assert ByteRanges().missing(3) == [(0, 3)] and ByteRanges([(0, 3)]).missing(3) == []
+
+
 def test_nearest_existing_directory(tmp_path):
     assert nearest_existing_directory(str(tmp_path / "a" / "b" / "c")) == str(tmp_path)
     assert nearest_existing_directory(str(tmp_path)) == str(tmp_path)
+
+
+def test_blocking_file(tmp_path):
+    write(tmp_path / "file", b"x")
+    assert blocking_file(str(tmp_path / "file" / "weights" / "tiny")) == str(tmp_path / "file")
+    assert blocking_file(str(tmp_path / "file")) == str(tmp_path / "file")
+    assert blocking_file(str(tmp_path / "a" / "b")) is None
+
+
+def test_default_workers_follow_the_cores():
+    assert [default_workers(cpus) for cpus in (1, 2, 4, 8, 16, 64)] == [4, 4, 8, 16, 32, 32]
+    assert default_workers() >= 4
 
 
 def test_progress_reports_rate_and_eta(tmp_path):
     now = [100.0]
     progress = Progress(str(tmp_path / "progress.json"), needed=1000, interval=1.0, clock=lambda: now[0])
     now[0] = 102.0
-    progress.advance(400, "model.safetensors")
+    progress.begin("model-00001.safetensors")
+    progress.begin("model-00002.safetensors")
+    progress.advance(400)
     written = json.loads((tmp_path / "progress.json").read_text())
     assert written == {
         "done_bytes": 400,
@@ -192,7 +311,8 @@ def test_progress_reports_rate_and_eta(tmp_path):
         "bytes_per_second": 200,
         "eta_seconds": 3,
         "elapsed_seconds": 2.0,
-        "file": "model.safetensors",
+        "file": "model-00001.safetensors",
+        "files_in_flight": 2,
     }
     now[0] = 102.5
     progress.advance(100)
@@ -203,7 +323,7 @@ def test_progress_reports_rate_and_eta(tmp_path):
 
 
 class RangeHandler(http.server.SimpleHTTPRequestHandler):
-    """A file server that honours `Range: bytes=N-` as nginx does, and counts the bytes it sends."""
+    """A file server that honours `Range: bytes=A-B` (and `bytes=A-`) as nginx does, and counts the bytes it sends."""
 
     sent = {}
 
@@ -215,18 +335,20 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
         path = self.translate_path(self.path)
         if not wanted or not os.path.isfile(path):
             return super().send_head()
-        start = int(wanted.removeprefix("bytes=").rstrip("-"))
+        first, last = wanted.removeprefix("bytes=").split("-")
         handle = open(path, "rb")  # noqa: SIM115 - closed by the base class after copyfile
         size = os.fstat(handle.fileno()).st_size
+        start, end = int(first), min(size, int(last) + 1) if last else size
         handle.seek(start)
+        self.length = end - start
         self.send_response(206)
-        self.send_header("Content-Length", str(size - start))
-        self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
+        self.send_header("Content-Length", str(end - start))
+        self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
         self.end_headers()
         return handle
 
     def copyfile(self, source, outputfile):
-        data = source.read()
+        data = source.read(getattr(self, "length", -1))
         RangeHandler.sent[self.path] = RangeHandler.sent.get(self.path, 0) + len(data)
         outputfile.write(data)
 
@@ -246,7 +368,7 @@ def mirror(request, tmp_path):
     write(root / "llmops" / "tiny" / "config.json", b'{"model_type": "llama"}')
     RangeHandler.sent = {}
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(request.param, directory=str(root)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/llmops/tiny"
     yield SimpleNamespace(url=url, root=root / "llmops" / "tiny", model=model, handler=request.param)
     server.shutdown()
@@ -271,9 +393,8 @@ def test_http_mirror_fetch_resumes_and_verifies(mirror, tmp_path):
     if handler is RangeHandler:
         assert RangeHandler.sent["/llmops/tiny/model.safetensors"] == 200_000
         assert progress.done == 200_023
-    else:
-        assert RangeHandler.sent["/llmops/tiny/model.safetensors"] == 300_000
-        assert progress.done == 300_023
+    else:  # the whole file comes again; the answer to the request from byte 100000 was not used
+        assert progress.done == progress.needed == 300_023
 
     # The manifest now serves as the mirror's: a second host gets the hashes with the sizes.
     assert {file.path: file.sha256 for file in PathSource(str(dest)).files()} == {
@@ -291,9 +412,10 @@ def test_http_mirror_manifest_gives_hashes_that_catch_a_bad_copy(mirror, tmp_pat
     files = source.files()
     assert files == [RemoteFile("model.safetensors", len(model), sha(b"other"))]
     dest = tmp_path / "weights"
-    with pytest.raises(WeightsError, match=r"SHA-256 .* differs from the source's"):
+    with pytest.raises(WeightsError, match=r"SHA-256 .* differs from the source's .* fetched twice"):
         fetch(source, plan_fetch(files, str(dest), HUB), str(dest), HUB, Progress(None, len(model)))
-    assert not (dest / "model.safetensors").exists()
+    assert not (dest / "model.safetensors").exists() and not (dest / PARTIAL_DIR).exists()
+    assert list(json.loads((dest / MANIFEST_NAME).read_text())["missing"]) == ["model.safetensors"]
 
 
 def test_http_errors_name_the_url(mirror):
