@@ -118,11 +118,17 @@ def idle_process():
 
 class _Server(http.server.BaseHTTPRequestHandler):
     """Answers GETs from its server's `routes`: path -> (status, body), or a function of the request headers
-    that returns them. Logs the paths asked."""
+    that returns them; POSTs from the routes `POST path`. Logs the paths asked (`POST path` for a POST)."""
 
     def do_GET(self):
-        self.server.asked.append(self.path)
-        route = self.server.routes.get(self.path, (404, "Not Found"))
+        self._answer(self.path)
+
+    def do_POST(self):
+        self._answer(f"POST {self.path}")
+
+    def _answer(self, key):
+        self.server.asked.append(key)
+        route = self.server.routes.get(key, (404, "Not Found"))
         status, body = route(self.headers) if callable(route) else route
         self.send_response(status)
         self.end_headers()

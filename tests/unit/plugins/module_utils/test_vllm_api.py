@@ -7,6 +7,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._vllm_api import (
     get,
     metric_samples,
     metric_total,
+    post,
     requests_in_engine,
     served_models,
 )
@@ -85,3 +86,10 @@ def test_no_answer_is_described():
     reply = get("http://127.0.0.1:9", "/health", timeout=2)  # the discard port: nothing listens
     assert reply.status is None and reply.describe() and reply.describe() == reply.error
     assert requests_in_engine("http://127.0.0.1:9") is None
+
+
+def test_post_sends_an_empty_post_with_the_key(serve):
+    url, asked = serve({"POST /sleep?level=1": lambda headers: (200, headers.get("Authorization", ""))})
+    reply = post(url, "/sleep?level=1", "sesame")
+    assert (reply.status, reply.body, asked) == (200, "Bearer sesame", ["POST /sleep?level=1"])
+    assert post(url, "/wake_up").status == 404
