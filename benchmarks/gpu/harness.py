@@ -20,6 +20,10 @@ it has it (and OUT/gpu-harness.md, the tables):
   stops        five eager servers: stops with 0 and 16 streams in flight, drained (20 s) and not, through
                Lifecycle.stop (the fix), and one plain SIGTERM with 16 streams watched for 30 s (before it)
   sleep        sleep level 1 and 2 and wake-up through the collection's HTTP helper, with GPU memory
+  sleep-swap   two servers of 0.55 of the GPU each, which cannot both be awake: a swap that puts the old one to
+               sleep (Lifecycle.sleep, gpu_memory_wait fit_utilization), its rollback (stop the new one, wake the
+               old one: Lifecycle.wake), its success (the sleeping one stopped), beside the same swap and rollback
+               by stop and load; and the guard of the development endpoints from a non-loopback address
   orphans      SIGKILL of the API server alone: the orphan search, gpu_memory_wait naming what holds the GPU,
                then with terminate_leftovers ending it; and how soon NVML shows a release
 
@@ -67,11 +71,12 @@ from ansible_collections.llmops.vllm.plugins.module_utils._serve_command import 
     build_serve_args,
     build_server_environment,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._vllm_api import get, post  # noqa: E402
+from ansible_collections.llmops.vllm.plugins.module_utils._vllm_api import get, one_token_completion, post  # noqa: E402
 from ansible_collections.llmops.vllm.plugins.module_utils._vllm_service import Lifecycle, Settings  # noqa: E402
 
 CATALOGS = [str(ROOT / "benchmarks" / "models"), str(ROOT / "models")]
 STREAM_CLIENTS = ROOT / "tests" / "integration" / "stream_clients.py"
+INSTALL_FILES = ROOT / "roles" / "vllm_install" / "files"
 MODULES = "ansible_collections.llmops.vllm.plugins.modules"
 LAUNCHER = ["-m", "vllm.entrypoints.openai.api_server"]
 # systemd's default PATH for a service; the unit's EnvironmentFile adds the rest.
@@ -168,23 +173,31 @@ def load_entry(name: str) -> dict:
 
 
 def server_env_base(args) -> dict:
+    # The vllm_install role puts the guard of the development endpoints into the venv; here it is on the path.
     env = {"PATH": SERVICE_PATH, "HF_HUB_OFFLINE": "1"}
-    if args.pythonpath:
-        env["PYTHONPATH"] = args.pythonpath
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [args.pythonpath, str(INSTALL_FILES)]))
     return env
 
 
 class Server:
     """One instance of the catalog entry, rendered by the collection, in a session of its own."""
 
-    def __init__(self, args, name, port, utilization, drain, eager=False, sleep_mode=False, kill_mode="mixed"):
-        entry = load_entry(args.entry)
+    def __init__(
+        self, args, name, port, utilization, drain, eager=False, sleep_mode=False, kill_mode="mixed", host=None
+    ):
+        entry = {**load_entry(args.entry), "sleep_mode": sleep_mode}
         extra_args = list(entry["extra_args"]) + (["--enforce-eager"] if eager else [])
-        extra_args += ["--enable-sleep-mode"] if sleep_mode else []
-        spec = serve_spec({**entry, "extra_args": extra_args}, entry["layout"], args.model_dir, "127.0.0.1", port)
+        spec = serve_spec(
+            {**entry, "extra_args": extra_args}, entry["layout"], args.model_dir, host or "127.0.0.1", port
+        )
         spec.update(shutdown_timeout=drain, load_format=args.load_format, gpu_memory_utilization=utilization)
-        env = {**entry["env"], **({"VLLM_SERVER_DEV_MODE": "1"} if sleep_mode else {})}
-        settings = {"home": args.home, "load_timeout": entry["load_timeout"], "device": args.device, "env": env}
+        settings = {
+            "home": args.home,
+            "load_timeout": entry["load_timeout"],
+            "device": args.device,
+            "env": entry["env"],
+        }
+        settings["sleep_mode"] = sleep_mode
         environment = build_server_environment(settings)
         self.argv = [args.python, *LAUNCHER, *build_serve_args(spec)]
         self.env = {**server_env_base(args), **environment}
@@ -470,6 +483,127 @@ def measure_sleep(args, results: Results, servers: dict):
     results.add("sleep", "stop", server.stop())
 
 
+SWAP_UTILIZATION = 0.55  # two servers of this share cannot both be awake on one GPU
+
+
+def sleep_swap_servers(args) -> list:
+    # Every address, so that the guard of the development endpoints can be asked from a non-loopback one.
+    return [Server(args, "swap-old", args.port + 40, SWAP_UTILIZATION, 0, eager=True, sleep_mode=True, host="0.0.0.0")]
+
+
+def rss_mib(server) -> float:
+    """Resident CPU memory of a server's processes (where level 1 keeps the weights while it sleeps)."""
+    total = 0
+    for pid in server.unit.pids(server.unit.state()):
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        total += next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+    return round(total / 1024, 1)
+
+
+def timed(step) -> tuple[float, object]:
+    began = time.monotonic()
+    value = step()
+    return round(time.monotonic() - began, 3), value
+
+
+def serves(server) -> bool:
+    return one_token_completion(server.url, server.served_name, None).status == 200
+
+
+def wait_room(args, **how) -> dict:
+    """gpu_memory_wait on GPU 0 as the swap role runs it: the new server's share free, or back to a baseline."""
+    waited = run_module("gpu_memory_wait", gpus=["0"], timeout=60, interval=0.05, **how)
+    return {key: waited.get(key) for key in ("failed", "msg", "elapsed", "used_mib")}
+
+
+def measure_sleep_swap(args, results: Results, servers: dict):
+    """A swap whose old server sleeps, its rollback and its success, beside the same by stop and load."""
+    old = servers["swap-old"]
+    new = Server(args, "swap-new", args.port + 41, SWAP_UTILIZATION, 0, eager=True, sleep_mode=True)
+    try:
+        results.add(
+            "sleep_swap", "old_serves", {"gpu_mib": gpu_used_mib(args), "rss_mib": rss_mib(old), "serves": serves(old)}
+        )
+        results.add("sleep_swap", "guard", guard_check(old))
+
+        def swap_by_sleep(name):
+            figures = {}
+            began = time.monotonic()
+            figures["sleep_s"], report = timed(lambda: old.lifecycle.sleep(old.unit.state()))
+            figures.update(sleep=report, gpu_mib_asleep=gpu_used_mib(args), rss_mib_asleep=rss_mib(old))
+            figures["room_s"], figures["room"] = timed(lambda: wait_room(args, fit_utilization=SWAP_UTILIZATION))
+            figures["load_s"], figures["start"] = timed(new.start)
+            figures["downtime_s"] = round(time.monotonic() - began, 3)
+            figures.update(new_serves=serves(new), gpu_mib_both=gpu_used_mib(args))
+            results.add("sleep_swap", name, figures)
+            return figures
+
+        swapped = swap_by_sleep("swap_by_sleep")
+        # The rollback: the new server fails (here: on purpose), is stopped, and the old one wakes.
+        figures = {}
+        began = time.monotonic()
+        figures["stop_new_s"], figures["stop_new"] = timed(new.stop)
+        baseline = swapped["room"].get("used_mib") or {}
+        figures["memory_back_s"], figures["memory_back"] = timed(
+            lambda: wait_room(args, baseline=baseline, max_above_baseline_mib=256)
+        )
+        figures["wake_s"], figures["wake"] = timed(old.lifecycle.wake)
+        figures["rollback_s"] = round(time.monotonic() - began, 3)
+        figures.update(old_serves=serves(old), gpu_mib=gpu_used_mib(args), rss_mib=rss_mib(old))
+        results.add("sleep_swap", "rollback_by_wake", figures)
+        # The success: the old one sleeps again, the new one serves, and the sleeping one is stopped.
+        swap_by_sleep("swap_by_sleep_again")
+        stop_s, report = timed(old.stop)
+        results.add("sleep_swap", "stop_asleep", {"stop_s": stop_s, "stop": report, "gpu_mib": gpu_used_mib(args)})
+        # The same swap and rollback by stop and load: the new one stops, the old one loads again, and back.
+        results.add("sleep_swap", "swap_by_stop", swap_by_stop(args, new, old, "downtime_s"))
+        results.add("sleep_swap", "rollback_by_load", swap_by_stop(args, old, new, "rollback_s"))
+        new.stop()
+    finally:
+        new.unit.kill_session()
+
+
+def swap_by_stop(args, leaving, coming, total_key: str) -> dict:
+    """The swap without sleep, timed: the serving server stops, its GPU is waited for, the other one loads."""
+    figures = {}
+    began = time.monotonic()
+    figures["stop_s"], _stop = timed(leaving.stop)
+    figures["room_s"], figures["room"] = timed(lambda: wait_room(args, fit_utilization=SWAP_UTILIZATION))
+    figures["load_s"], figures["start"] = timed(coming.start)
+    figures[total_key] = round(time.monotonic() - began, 3)
+    return figures
+
+
+def local_address() -> str | None:
+    """An address of this host other than loopback (no packet is sent), or None."""
+    import socket  # pylint: disable=import-outside-toplevel
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("10.255.255.255", 1))
+            address = probe.getsockname()[0]
+        except OSError:
+            return None
+    return None if address.startswith("127.") else address
+
+
+def guard_check(server) -> dict:
+    """What the development endpoints answer on loopback and on a non-loopback address of the host."""
+    port = server.url.rsplit(":", 1)[1]
+    address = local_address()
+    found = {"address": address, "loopback_reset_prefix_cache": post(server.url, "/reset_prefix_cache").status}
+    if address:
+        remote = f"http://{address}:{port}"
+        found["remote_reset_prefix_cache"] = post(remote, "/reset_prefix_cache").status
+        found["remote_sleep"] = post(remote, "/sleep?level=1").status
+        found["remote_models"] = get(remote, "/v1/models").status
+        found["still_awake"] = get(server.url, "/is_sleeping").body.strip()
+    return found
+
+
 def bench_servers(args) -> list:
     # Compiled (torch.compile and CUDA graphs), as real models run, on the GPU; the CPU build runs eager. No
     # prefix caching: both clients draw their prompts as vLLM's random dataset does, and prompts that start
@@ -607,6 +741,7 @@ SCENARIOS = {
     "serve-bench": (bench_servers, measure_bench),
     "stops": (stops_servers, measure_stops),
     "sleep": (sleep_servers, measure_sleep),
+    "sleep-swap": (sleep_swap_servers, measure_sleep_swap),
     "orphans": (orphans_servers, measure_orphans),
 }
 
@@ -728,10 +863,32 @@ def markdown(data: dict) -> str:
                 )
             )
         lines.append("")
+    lines += sleep_swap_table(data.get("sleep_swap", {}))
     for scenario in ("sleep", "orphans"):
         if scenario in data:
             lines += [f"## {scenario}", "", "```json", json.dumps(data[scenario], indent=1)[:8000], "```", ""]
     return "\n".join(lines) + "\n"
+
+
+def sleep_swap_table(swap: dict) -> list:
+    """The swap and its rollback, by sleep and by stop and load, in seconds."""
+    if "swap_by_sleep" not in swap:
+        return []
+    rows = [
+        ("swap, old one asleep", swap["swap_by_sleep"], ("sleep_s", "room_s", "load_s", "downtime_s")),
+        (
+            "rollback: stop new, wake old",
+            swap.get("rollback_by_wake"),
+            ("stop_new_s", "memory_back_s", "wake_s", "rollback_s"),
+        ),
+        ("swap, old one stopped", swap.get("swap_by_stop"), ("stop_s", "room_s", "load_s", "downtime_s")),
+        ("rollback: stop new, load old", swap.get("rollback_by_load"), ("stop_s", "room_s", "load_s", "rollback_s")),
+    ]
+    lines = ["## A swap by sleep beside a swap by stop (seconds)", ""]
+    lines += [table_row(["case", "old out / new stopped", "GPU room", "load or wake", "total"]), table_row(["---"] * 5)]
+    for case, figures, keys in rows:
+        lines.append(table_row([case, *[(figures or {}).get(key, "-") for key in keys]]))
+    return [*lines, ""]
 
 
 def pair_text(pair, digits) -> str:

@@ -24,6 +24,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._swap import (
     SwapError,
     budget_spent,
     new_instance,
+    sleep_plan,
     swap_result,
 )
 from ansible_collections.llmops.vllm.plugins.module_utils._systemd import (
@@ -61,5 +62,6 @@ class FilterModule:
             "vllm_status_row": status_row,
             "vllm_swap_new_instance": _as_filter_error(new_instance),
             "vllm_swap_result": _as_filter_error(swap_result),
+            "vllm_swap_sleep_plan": _as_filter_error(sleep_plan),
             "vllm_rollout_budget_spent": _as_filter_error(budget_spent),
         }

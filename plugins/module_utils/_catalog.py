@@ -46,6 +46,11 @@ ENTRY_DEFAULTS = {
     "max_num_seqs": None,
     "gpu_memory_utilization": None,
     "trust_remote_code": False,
+    # Start the server with vLLM's sleep mode, so that a swap can put it to sleep instead of stopping it
+    # (CUDA builds only; docs/fleet.md).
+    "sleep_mode": False,
+    # Open vLLM's development endpoints (VLLM_SERVER_DEV_MODE) to the host itself alone; sleep mode opens them.
+    "dev_endpoints": False,
     "extra_args": [],
     "env": {},
     # Seconds the model may take from start to serving; big checkpoints load for 10+ minutes.
@@ -75,7 +80,9 @@ def serve_spec(entry, layout, model, host="0.0.0.0", port=8000):
     """The spec of `build_serve_args` for this entry served from `model` with `layout`."""
     spec = {key: entry[key] for key in ("served_name", "max_model_len", "max_num_seqs", "gpu_memory_utilization")}
     spec.update(model=model, host=host, port=port, layout=layout)
-    spec.update(trust_remote_code=entry["trust_remote_code"], extra_args=entry["extra_args"])
+    spec.update(trust_remote_code=entry["trust_remote_code"], sleep_mode=entry["sleep_mode"])
+    spec.update(dev_endpoints=entry["dev_endpoints"])
+    spec.update(extra_args=entry["extra_args"])
     return spec
 
 

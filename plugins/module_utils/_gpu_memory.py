@@ -19,6 +19,9 @@ from ansible_collections.llmops.vllm.plugins.module_utils._systemd import (
 )
 
 VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+# MiB of a GPU's total that CUDA never gives out (the driver's own reservation, which nvidia-smi does not count
+# as used): a server that asks for a share of the total needs this much more free.
+CUDA_RESERVED_MIB = 512
 
 
 class GpuSelectionError(ValueError):
@@ -86,6 +89,14 @@ def select_gpus(gpus: list[Gpu], wanted: list[str] | None) -> list[Gpu]:
         if gpu not in chosen:
             chosen.append(gpu)
     return chosen
+
+
+def fit_limits(gpus: list[Gpu], utilization: float) -> dict:
+    """The most MiB each GPU may use so that a vLLM server asking for `utilization` of it can start.
+
+    vLLM refuses to start when a GPU's free memory is less than --gpu-memory-utilization times its total.
+    """
+    return {gpu.index: max(0, int(gpu.memory_total_mib * (1 - utilization)) - CUDA_RESERVED_MIB) for gpu in gpus}
 
 
 def memory_limits(gpus: list[Gpu], max_used_mib: int, baseline: dict | None, max_above_baseline_mib: int) -> dict:

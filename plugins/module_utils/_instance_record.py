@@ -30,7 +30,9 @@ API_KEY_VARIABLE = "VLLM_API_KEY"
 WILDCARD_HOSTS = ("0.0.0.0", "::")
 TEXT_FIELDS = ("instance", "unit", "model", "served_name", "host", "url", "model_path", "python", "vllm_version")
 TIMEOUT_FIELDS = {"load_timeout": 1, "drain_timeout": 0, "stop_timeout": 1}
-FIELDS = (*TEXT_FIELDS, "port", "gpus", "layout", "secrets", *TIMEOUT_FIELDS)
+# Fields added since the first release that an older record is read with, at the value it had then.
+OPTIONAL_FIELDS = {"sleep_mode": False}
+FIELDS = (*TEXT_FIELDS, "port", "gpus", "layout", "secrets", *TIMEOUT_FIELDS, *OPTIONAL_FIELDS)
 # What every record has had since the first release: enough to list an instance and check clashes.
 CORE_FIELDS = ("instance", "unit", "port")
 FIX = "deploy the instance again (playbooks/deploy.yml), or remove the file if the instance is gone"
@@ -100,6 +102,7 @@ CHECKS = {
     ),
     "layout": (lambda value: isinstance(value, dict), "a mapping"),
     "secrets": (_is_secrets, "{environment_file: ABSOLUTE PATH, api_key_variable: NAME}"),
+    "sleep_mode": (lambda value: isinstance(value, bool), "true or false"),
     **{
         field: (
             lambda value, minimum=minimum: _is_seconds(value, minimum),
@@ -123,7 +126,7 @@ def _problems(record: dict, required=FIELDS) -> list[str]:
 
 def build_record(fields: dict) -> dict:
     """The record of an instance from its fields (FIELDS less url, which is computed); RecordError if unusable."""
-    record = {field: fields.get(field) for field in FIELDS if field != "url"}
+    record = {field: fields.get(field, OPTIONAL_FIELDS.get(field)) for field in FIELDS if field != "url"}
     if isinstance(record["host"], str) and isinstance(record["port"], int):
         record["url"] = local_url(record["host"], record["port"])
     problems = _problems(record)
@@ -150,7 +153,7 @@ def read_record(path: str) -> dict:
     problems = _problems(record, required=CORE_FIELDS)
     if problems:
         raise RecordError(f"The instance record {path} {'; '.join(problems)}; {FIX}")
-    record = {field: record[field] for field in FIELDS if field in record}
+    record = {**OPTIONAL_FIELDS, **{field: record[field] for field in FIELDS if field in record}}
     if "url" in record:
         record["url"] = check_base_url(record["url"])
     return {**record, "outdated": [field for field in FIELDS if field not in record]}

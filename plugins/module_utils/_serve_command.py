@@ -33,7 +33,14 @@ MANAGED_FLAGS = {
     "--shutdown-timeout": "shutdown_timeout",
     "--trust-remote-code": "trust_remote_code",
     "--load-format": "load_format",
+    "--enable-sleep-mode": "sleep_mode",
 }
+
+# VLLM_SERVER_DEV_MODE=1 opens vLLM's development endpoints (/sleep, /wake_up, /collective_rpc, /reset_*,
+# /server_info and more), which --api-key does not guard. Where they are open, this ASGI middleware (the
+# vllm_install role puts it in every venv) lets clients other than loopback reach the API alone.
+DEV_MODE_VARIABLE = "VLLM_SERVER_DEV_MODE"
+DEV_ENDPOINTS_GUARD = "llmops_vllm_dev_guard.LoopbackOnlyDevEndpoints"
 
 # Secrets on a command line are visible to every user in `ps`: they go to the EnvironmentFile.
 SECRET_FLAGS = {"--api-key": ("the API key", "vllm_server_api_key, which goes to the EnvironmentFile as VLLM_API_KEY")}
@@ -120,6 +127,18 @@ def _layout_args(layout):
     return args
 
 
+def _switch(spec, key):
+    value = spec.get(key, False)
+    if not isinstance(value, bool):
+        raise ServeSpecError(f"{key} must be true or false, got {value!r}")
+    return value
+
+
+def dev_endpoints_open(spec):
+    """Whether the server opens vLLM's development endpoints: asked for, or needed by sleep mode's /sleep."""
+    return _switch(spec, "dev_endpoints") or _switch(spec, "sleep_mode")
+
+
 def _flag_name(arg):
     """`--max_num_seqs=8` -> `--max-num-seqs`: vLLM accepts underscores and `=` forms alike."""
     return arg.split("=", 1)[0].replace("_", "-")
@@ -147,7 +166,8 @@ def build_serve_args(spec):
 
     spec keys: model, served_name, host, port (required); layout (tensor/pipeline/data/expert parallel
     sizes); max_model_len, max_num_seqs, gpu_memory_utilization, shutdown_timeout, load_format,
-    trust_remote_code, extra_args (optional). Raises ServeSpecError naming the key at fault.
+    trust_remote_code, sleep_mode, dev_endpoints, extra_args (optional). Raises ServeSpecError naming the key
+    at fault.
     """
     served_name = _required_text(spec, "served_name")
     if any(char.isspace() for char in served_name):
@@ -189,11 +209,12 @@ def build_serve_args(spec):
     if load_format is not None:
         args += ["--load-format", _required_text(spec, "load_format")]
 
-    trust_remote_code = spec.get("trust_remote_code", False)
-    if not isinstance(trust_remote_code, bool):
-        raise ServeSpecError(f"trust_remote_code must be true or false, got {trust_remote_code!r}")
-    if trust_remote_code:
+    if _switch(spec, "trust_remote_code"):
         args.append("--trust-remote-code")
+    if dev_endpoints_open(spec):
+        args += ["--middleware", DEV_ENDPOINTS_GUARD]
+    if _switch(spec, "sleep_mode"):
+        args.append("--enable-sleep-mode")
 
     return args + _checked_extra_args(spec.get("extra_args") or [])
 
@@ -202,8 +223,9 @@ def build_server_environment(settings):
     """Return the environment of one vLLM server, as the unit's EnvironmentFile holds it.
 
     settings keys: home, load_timeout (required); device (`cpu` adds the CPU build's KV-cache size,
-    cpu_kvcache_space_gib), cuda_visible_devices, env (the catalog's and the user's, which may override
-    the defaults), api_key (a secret: it goes only here, never on the command line). Pure.
+    cpu_kvcache_space_gib), cuda_visible_devices, sleep_mode and dev_endpoints (as build_serve_args takes
+    them), env (the catalog's and the user's, which may override the defaults), api_key (a secret: it goes
+    only here, never on the command line). Pure.
     """
     home = _required_text(settings, "home")
     load_timeout = _whole_number(settings.get("load_timeout"))
@@ -214,6 +236,13 @@ def build_server_environment(settings):
     env = settings.get("env") or {}
     if not isinstance(env, dict) or not all(isinstance(name, str) for name in env):
         raise ServeSpecError(f"env must be a mapping of variable names to values, got {env!r}")
+    dev_endpoints = dev_endpoints_open(settings)
+    if DEV_MODE_VARIABLE in env:
+        raise ServeSpecError(
+            f"env sets {DEV_MODE_VARIABLE}, which opens vLLM's development endpoints (/sleep, /collective_rpc, ...) "
+            "to every client, API key or not; set dev_endpoints (vllm_server_dev_endpoints) instead, which opens "
+            "them to loopback clients alone"
+        )
     environment = {
         "HOME": home,
         "HF_HOME": f"{home}/huggingface",
@@ -229,6 +258,8 @@ def build_server_environment(settings):
         environment["VLLM_CPU_KVCACHE_SPACE"] = str(settings.get("cpu_kvcache_space_gib", 1))
     if settings.get("cuda_visible_devices"):
         environment["CUDA_VISIBLE_DEVICES"] = str(settings["cuda_visible_devices"])
+    if dev_endpoints:
+        environment[DEV_MODE_VARIABLE] = "1"
     environment.update({name: str(value) for name, value in env.items()})
     if settings.get("api_key"):
         environment[API_KEY_VARIABLE] = settings["api_key"]

@@ -27,7 +27,9 @@ def status_row(instance: dict, host: str, gpus: dict) -> dict:
         "instance": instance["instance"],
         "model": instance["model"],
         "port": instance["port"],
-        "state": instance["active_state"] + ("" if instance["enabled"] else ", disabled"),
+        "state": instance["active_state"]
+        + (", asleep" if instance.get("asleep") else "")
+        + ("" if instance["enabled"] else ", disabled"),
         "uptime": _clock(instance.get("uptime")),
         "restarts": instance.get("restarts"),
         "engine_death": f"{host} {instance['instance']}: {death}" if death else None,

@@ -1,6 +1,6 @@
 # Copyright: llmops.vllm contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""What a vLLM server says over HTTP: health, the served models, its Prometheus metrics. Stdlib only."""
+"""What a vLLM server says over HTTP: health, the served models, its Prometheus metrics, its sleep. Stdlib only."""
 
 from __future__ import annotations
 
@@ -45,9 +45,13 @@ def get(base_url: str, path: str, api_key: str | None = None, timeout: float = 5
     return _send(urllib.request.Request(base_url + path), api_key, timeout)
 
 
-def post(base_url: str, path: str, api_key: str | None = None, timeout: float = 5.0) -> Reply:
-    """POST without a body, as vLLM's control endpoints take (/sleep?level=1, /wake_up)."""
-    return _send(urllib.request.Request(base_url + path, data=b"", method="POST"), api_key, timeout)
+def post(base_url: str, path: str, api_key: str | None = None, timeout: float = 5.0, body: dict | None = None) -> Reply:
+    """POST `body` as JSON, or nothing, as vLLM's control endpoints take (/sleep?level=1, /wake_up)."""
+    data = b"" if body is None else json.dumps(body).encode("utf-8")
+    request = urllib.request.Request(base_url + path, data=data, method="POST")
+    if body is not None:
+        request.add_header("Content-Type", "application/json")
+    return _send(request, api_key, timeout)
 
 
 def _send(request: urllib.request.Request, api_key: str | None, timeout: float) -> Reply:
@@ -60,6 +64,26 @@ def _send(request: urllib.request.Request, api_key: str | None, timeout: float) 
         return Reply(error.code, error.read().decode("utf-8", "replace"))
     except (OSError, ValueError) as error:  # refused, reset, timed out, or a half-written reply
         return Reply(None, "", error=str(getattr(error, "reason", None) or error))
+
+
+def is_sleeping(base_url: str, timeout: float = 5.0) -> bool | None:
+    """Whether the server sleeps (GET /is_sleeping); None when it has no sleep endpoints or does not answer.
+
+    The endpoint exists only with VLLM_SERVER_DEV_MODE=1, which a server started with sleep mode has.
+    """
+    reply = get(base_url, "/is_sleeping", timeout=timeout)
+    if reply.status != 200:
+        return None
+    try:
+        return bool(json.loads(reply.body)["is_sleeping"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def one_token_completion(base_url: str, served_name: str, api_key: str | None, timeout: float = 30.0) -> Reply:
+    """A real completion of one token: proof that the engine computes, not only that the HTTP server answers."""
+    body = {"model": served_name, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
+    return post(base_url, "/v1/completions", api_key, timeout, body=body)
 
 
 def served_models(body: str) -> list[str]:

@@ -1,6 +1,6 @@
 # Copyright: llmops.vllm contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The lifecycle of one vLLM unit: start and wait until it serves, stop in bounded steps, find orphans.
+"""The lifecycle of one vLLM unit: start and wait until it serves, stop in bounded steps, sleep and wake, find orphans.
 
 Every step is bounded by the module's own timeouts, never by systemd's TimeoutStartSec/TimeoutStopSec,
 and each returns what it observed with its duration, so a play shows where the time went.
@@ -30,7 +30,14 @@ from ansible_collections.llmops.vllm.plugins.module_utils._unit import (
     exec_start_argv,
     flag_value,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._vllm_api import get, requests_in_engine, served_models
+from ansible_collections.llmops.vllm.plugins.module_utils._vllm_api import (
+    get,
+    is_sleeping,
+    one_token_completion,
+    post,
+    requests_in_engine,
+    served_models,
+)
 from ansible_collections.llmops.vllm.plugins.module_utils._wait import WaitAborted, wait_for
 
 # Seconds between polls of a stopping unit: stops take seconds, and each poll is one systemctl call.
@@ -44,6 +51,11 @@ START_SLACK_SECONDS = 2.0
 # CUDA builds with requests in flight wait forever (docs/service.md). Seconds that the engine may be gone
 # while the API server still holds as many connections, none of them closing, before the module ends it.
 ENGINE_EXIT_GRACE = 1.5
+# Level 1 moves the weights to CPU memory and frees the KV cache: a wake-up gives the same model back. Level 2
+# discards the weights, which a wake-up does not reload; a swap needs level 1.
+SLEEP_LEVEL = 1
+# Seconds for the proof that a woken engine computes: a completion of one token.
+COMPLETION_TIMEOUT = 60.0
 
 
 class ServiceError(Exception):
@@ -299,6 +311,86 @@ class Lifecycle:
                 survivors=survivors,
             )
         return sorted(killed)
+
+    # ---- sleep and wake --------------------------------------------------------------------------------
+
+    def asleep(self) -> bool:
+        """Whether the running server sleeps; ServiceError when it has no sleep endpoints."""
+        sleeping = is_sleeping(self.settings.url)
+        if sleeping is None:
+            answer = get(self.settings.url, "/is_sleeping").describe()
+            raise ServiceError(
+                f"{self.settings.url} has no sleep endpoints (GET /is_sleeping: {answer}): {self.unit.name} was not "
+                "started with sleep mode; deploy it with the catalog entry's sleep_mode (or vllm_server_sleep_mode)"
+            )
+        return sleeping
+
+    def sleep(self, before: UnitState) -> dict:
+        """Drain the requests in flight (up to the drain timeout), abort what is left, and put the engine to sleep.
+
+        Level 1: the weights go to CPU memory, the KV cache is freed; the server keeps its process and its port.
+        """
+        settings = self.settings
+        started = time.monotonic()
+        drain = settings.drain_timeout if settings.drain_timeout is not None else server_drain_timeout(before)
+        report = {"level": SLEEP_LEVEL, "in_flight": requests_in_engine(settings.url), "drain": None}
+        if drain > 0 and report["in_flight"] != 0:
+            report["drain"] = self._drain(report["in_flight"], drain)
+            report["aborted_requests"] = report["drain"]["remaining"] or 0
+        else:
+            report["aborted_requests"] = report["in_flight"] or 0
+        asked = time.monotonic()
+        # Moving the weights out takes about as long as reading them in: the load's bound holds for it.
+        reply = post(settings.url, f"/sleep?level={SLEEP_LEVEL}&mode=abort", timeout=settings.load_timeout)
+        if reply.status != 200:
+            raise ServiceError(
+                f"{self.unit.name} did not go to sleep: POST /sleep answered {reply.describe()} {reply.body[:300]}",
+                sleep=report,
+            )
+        if not self._says_sleeping(True):
+            raise ServiceError(
+                f"{self.unit.name} answered POST /sleep but GET /is_sleeping did not say so within "
+                f"{settings.stop_timeout:g} s (stop_timeout)",
+                sleep=report,
+            )
+        report["sleep"] = round(time.monotonic() - asked, 3)
+        report["elapsed"] = round(time.monotonic() - started, 3)
+        return report
+
+    def wake(self) -> dict:
+        """Wake the engine, then prove that it serves: /v1/models lists the served name and one token comes back."""
+        settings = self.settings
+        started = time.monotonic()
+        reply = post(settings.url, "/wake_up", timeout=settings.load_timeout)
+        if reply.status != 200:
+            answer = f"{reply.describe()} {reply.body[:300]}"
+            raise ServiceError(f"{self.unit.name} did not wake: POST /wake_up answered {answer}")
+        if not self._says_sleeping(False):
+            raise ServiceError(
+                f"{self.unit.name} answered POST /wake_up but still sleeps {settings.stop_timeout:g} s later "
+                "(stop_timeout)"
+            )
+        woke = time.monotonic()
+        ready = self.wait_ready()
+        completion = one_token_completion(settings.url, settings.served_name, settings.api_key, COMPLETION_TIMEOUT)
+        if completion.status != 200:
+            raise ServiceError(
+                f"{self.unit.name} woke, but a completion of one token answered {completion.describe()} "
+                f"{completion.body[:300]}"
+            )
+        return {
+            "wake": round(woke - started, 3),
+            "check": round(time.monotonic() - woke, 3),
+            "ready": ready["elapsed"],
+            "elapsed": round(time.monotonic() - started, 3),
+        }
+
+    def _says_sleeping(self, expected: bool) -> bool:
+        """Whether GET /is_sleeping gives `expected` within stop_timeout."""
+        said = wait_for(
+            lambda: (is_sleeping(self.settings.url) is expected, None), self.settings.stop_timeout, STOP_POLL_INTERVAL
+        )
+        return said.ok
 
     # ---- orphans ---------------------------------------------------------------------------------------
 

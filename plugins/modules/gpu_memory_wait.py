@@ -70,6 +70,14 @@ options:
     description: How many MiB above O(baseline) still count as free.
     type: int
     default: 256
+  fit_utilization:
+    description:
+      - A GPU counts as free when a vLLM server with this C(--gpu-memory-utilization) can start on it beside what
+        it holds, that is when it uses at most (1 - O(fit_utilization)) times its total, less the 512 MiB that CUDA
+        keeps.
+      - For a GPU that another server keeps memory on, such as one asleep (M(llmops.vllm.vllm_service)
+        O(llmops.vllm.vllm_service#module:state=asleep)).
+    type: float
   consecutive:
     description: Clean polls needed in a row, so that memory freed between two allocations is not taken as free.
     type: int
@@ -116,6 +124,11 @@ EXAMPLES = r"""
   llmops.vllm.gpu_memory_wait:
     baseline: "{{ vllm_gpus.gpus | items2dict(key_name='index', value_name='memory_used_mib') }}"
     max_above_baseline_mib: 512
+
+- name: Wait until GPU 0 has room for a server of 0.9 of its memory beside one asleep there
+  llmops.vllm.gpu_memory_wait:
+    gpus: [0]
+    fit_utilization: 0.9
 
 - name: Skip on hosts without GPUs
   llmops.vllm.gpu_memory_wait:
@@ -188,6 +201,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._gpu_memory import (
     GpuSelectionError,
     describe,
     find_holders,
+    fit_limits,
     memory_limits,
     memory_state,
     parse_visible_devices,
@@ -250,6 +264,7 @@ def main():
             "max_used_mib": {"type": "int"},
             "baseline": {"type": "dict"},
             "max_above_baseline_mib": {"type": "int", "default": 256},
+            "fit_utilization": {"type": "float"},
             "consecutive": {"type": "int", "default": 2},
             "interval": {"type": "float", "default": 0.25},
             "timeout": {"type": "float", "default": 60},
@@ -257,7 +272,7 @@ def main():
             "grace": {"type": "float", "default": 10},
             "backend": BACKEND_OPTION,
         },
-        mutually_exclusive=[("gpus", "unit"), ("max_used_mib", "baseline")],
+        mutually_exclusive=[("gpus", "unit"), ("max_used_mib", "baseline", "fit_utilization")],
         supports_check_mode=True,
     )
     params = module.params
@@ -267,6 +282,9 @@ def main():
         grace = positive_seconds(params["grace"], "grace")
         if params["consecutive"] < 1:
             raise ValueError(f"consecutive must be 1 or more, got {params['consecutive']}")
+        fit = params["fit_utilization"]
+        if fit is not None and not 0 < fit <= 1:
+            raise ValueError(f"fit_utilization must be above 0 and at most 1, got {fit:g}")
         for name in ("max_used_mib", "max_above_baseline_mib"):
             if params[name] is not None and params[name] < 0:
                 raise ValueError(f"{name} must be 0 MiB or more, got {params[name]}")
@@ -303,7 +321,10 @@ def wait_for_memory(module, backend, wanted, owner_unit, timeout, interval, grac
     start = time.monotonic()
     selected = select_gpus(backend.gpus(), wanted)
     max_used = DEFAULT_MAX_USED_MIB if params["max_used_mib"] is None else params["max_used_mib"]
-    limits = memory_limits(selected, max_used, params["baseline"], params["max_above_baseline_mib"])
+    if params["fit_utilization"] is not None:
+        limits = fit_limits(selected, params["fit_utilization"])
+    else:
+        limits = memory_limits(selected, max_used, params["baseline"], params["max_above_baseline_mib"])
 
     def wait():
         return wait_for(

@@ -82,6 +82,10 @@ options:
     description: The parallel sizes it runs with.
     type: dict
     required: true
+  sleep_mode:
+    description: Whether it runs with vLLM's sleep mode, so that a swap may put it to sleep.
+    type: bool
+    default: false
   load_timeout:
     description: Seconds from its start until it must serve.
     type: int
@@ -169,6 +173,7 @@ record:
     python: /opt/vllm/venv/bin/python
     vllm_version: 0.32.0
     layout: {"tensor_parallel_size": 1}
+    sleep_mode: false
     load_timeout: 300
     drain_timeout: 10
     stop_timeout: 30
@@ -237,6 +242,7 @@ def main():
             "python": {"type": "path", "required": True},
             "vllm_version": REQUIRED_TEXT,
             "layout": {"type": "dict", "required": True},
+            "sleep_mode": {"type": "bool", "default": False},
             "load_timeout": REQUIRED_INT,
             "drain_timeout": REQUIRED_INT,
             "stop_timeout": REQUIRED_INT,

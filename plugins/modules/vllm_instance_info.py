@@ -159,8 +159,14 @@ instances:
       sample: "the engine died: Worker proc VllmWorker-0 died unexpectedly (exit code: -4, SIGILL)"
     serving:
       description:
-        - Whether the server's C(/health) answered 200.
+        - Whether the server's C(/health) answered 200 and, for one with sleep mode, it is awake.
         - Null when the server was not asked (the unit is not active, or O(metrics=false)).
+      type: bool
+    asleep:
+      description:
+        - Whether a server started with sleep mode sleeps (C(/is_sleeping)); its unit is active, its GPUs are
+          free for another server, and it does not serve until it is woken.
+        - Null for a server without sleep mode, or one that was not asked.
       type: bool
     requests_running:
       description:
@@ -228,12 +234,13 @@ from ansible_collections.llmops.vllm.plugins.module_utils._vllm_api import (
     REQUESTS_RUNNING,
     REQUESTS_WAITING,
     get,
+    is_sleeping,
     metric_samples,
     metric_total,
 )
 from ansible_collections.llmops.vllm.plugins.module_utils._wait import positive_seconds
 
-NOT_ASKED = {"serving": None, "requests_running": None, "requests_waiting": None, "kv_cache_usage": None}
+NOT_ASKED = dict.fromkeys(("serving", "asleep", "requests_running", "requests_waiting", "kv_cache_usage"))
 
 
 def uptime(state: UnitState, now: float) -> float | None:
@@ -277,12 +284,15 @@ def metric_fields(metrics_text: str) -> dict:
     return fields
 
 
-def server_fields(url: str, timeout: float) -> dict:
-    """What the server says on /health and /metrics; None for what it did not say."""
+def server_fields(url: str, timeout: float, sleep_mode: bool = False) -> dict:
+    """What the server says on /health, /metrics and, with sleep mode, /is_sleeping; None for what it did not say."""
     health = get(url, "/health", timeout=timeout)
     fields = {**NOT_ASKED, "serving": health.status == 200}
     if health.status is None:  # nothing answers: /metrics would only wait out the timeout again
         return fields
+    if sleep_mode:
+        fields["asleep"] = is_sleeping(url, timeout)
+        fields["serving"] = fields["serving"] and not fields["asleep"]
     metrics = get(url, "/metrics", timeout=timeout)
     if metrics.status == 200:
         fields.update(metric_fields(metrics.body))
@@ -299,7 +309,8 @@ def describe(record: dict, run_command, metrics: bool, timeout: float) -> dict:
     live["engine_death"] = unit.last_engine_death(state.stopped) if restarted_or_down else None
     active = live["active_state"] == "active"
     # A record of an older release may lack the URL: its server is not asked.
-    server = server_fields(record["url"], timeout) if active and metrics and "url" in record else NOT_ASKED
+    asked = active and metrics and "url" in record
+    server = server_fields(record["url"], timeout, record.get("sleep_mode", False)) if asked else NOT_ASKED
     return {**record, **live, **server}
 
 

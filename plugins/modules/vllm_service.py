@@ -6,7 +6,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: vllm_service
-short_description: Start, stop and restart a vLLM systemd unit safely, with bounded steps
+short_description: Start, stop, restart, put to sleep and wake a vLLM systemd unit safely, with bounded steps
 version_added: 0.1.0
 author: llmops.vllm contributors (@llmops-vllm)
 description:
@@ -31,6 +31,9 @@ description:
     core that crashed), and systemd restarts a unit that the C(vllm_server) role wrote. The module reads the
     unit's journal for the last run that ended by itself and returns how its engine died in RV(engine_death),
     with the restarts systemd made in RV(restarts); a start that fails because the engine died says so first.
+  - Puts a server started with sleep mode to sleep (O(state=asleep)) and wakes it (O(state=started)). Asleep,
+    vLLM keeps its process and its port, its weights move to CPU memory and its KV cache is freed, so that its
+    GPUs are free for another server; awake again it serves in seconds where a load takes minutes.
 extends_documentation_fragment:
   - llmops.vllm.attributes
 attributes:
@@ -67,9 +70,15 @@ options:
       - V(started) starts the unit unless it runs, and waits until it serves in both cases.
       - V(stopped) stops it, and looks for orphans even when it was already stopped.
       - V(restarted) stops it as V(stopped) does, then starts it as V(started) does.
+      - V(asleep) drains the requests in flight for the drain timeout, aborts what is left and puts the running
+        server to sleep (vLLM's sleep level 1, which moves the weights to CPU memory and frees the KV cache),
+        then confirms it through C(/is_sleeping). The server must have been started with sleep mode (the catalog entry's
+        C(sleep_mode)); a stopped unit fails.
+      - V(started) wakes a sleeping server (C(/wake_up)) and proves that it serves, C(/v1/models) and a
+        completion of one token.
     type: str
     required: true
-    choices: [started, stopped, restarted]
+    choices: [started, stopped, restarted, asleep]
   url:
     description:
       - Base URL where the server answers on this host, with O(name).
@@ -150,6 +159,16 @@ EXAMPLES = r"""
 - name: Show where the stop's time went
   ansible.builtin.debug:
     msg: "{{ stopped.stop }}"
+
+- name: Put minimax_m25 to sleep, its GPUs free for another model, its weights kept in CPU memory
+  llmops.vllm.vllm_service:
+    instance: minimax_m25
+    state: asleep
+
+- name: Wake it again, in seconds, and check that it serves
+  llmops.vllm.vllm_service:
+    instance: minimax_m25
+    state: started
 """
 
 RETURN = r"""
@@ -239,6 +258,53 @@ stop:
     orphans: {"found": [], "terminated": [], "killed": [], "survivors": []}
     cgroup_empty: true
     elapsed: 7.9
+sleep:
+  description: What O(state=asleep) did, null when the server was not put to sleep.
+  returned: always
+  type: dict
+  contains:
+    level:
+      description: vLLM's sleep level, 1.
+      type: int
+    in_flight:
+      description: Requests running or waiting in the engine before the drain; null when unreadable.
+      type: int
+    drain:
+      description: The drain's C(timeout), the requests C(remaining) when it ended, and how long it took.
+      type: dict
+    aborted_requests:
+      description: Requests still running when the engine went to sleep.
+      type: int
+    sleep:
+      description: Seconds from C(POST /sleep) until the server said it sleeps.
+      type: float
+    elapsed:
+      description: Seconds of the whole step, drain included.
+      type: float
+  sample: {"level": 1, "in_flight": 0, "drain": null, "aborted_requests": 0, "sleep": 1.31, "elapsed": 1.33}
+wake:
+  description: What waking the server took, null when it was not woken.
+  returned: always
+  type: dict
+  contains:
+    wake:
+      description: Seconds from C(POST /wake_up) until the server said it is awake.
+      type: float
+    ready:
+      description: Seconds until C(/health) and C(/v1/models) answered.
+      type: float
+    check:
+      description: Seconds of readiness and the completion of one token after that.
+      type: float
+    elapsed:
+      description: The whole wake-up.
+      type: float
+  sample: {"wake": 0.074, "ready": 0.004, "check": 0.031, "elapsed": 0.105}
+asleep:
+  description: Whether the server sleeps at the end; null for a server without sleep mode or a stopped unit.
+  returned: always
+  type: bool
+  sample: false
 restarts:
   description: The automatic restarts systemd has made of the unit (its C(NRestarts)) when the module began.
   returned: always
@@ -275,7 +341,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._instance_record impor
     find,
 )
 from ansible_collections.llmops.vllm.plugins.module_utils._unit import Unit, UnitError, needs_daemon_reload
-from ansible_collections.llmops.vllm.plugins.module_utils._vllm_api import check_base_url
+from ansible_collections.llmops.vllm.plugins.module_utils._vllm_api import check_base_url, is_sleeping
 from ansible_collections.llmops.vllm.plugins.module_utils._vllm_service import Lifecycle, ServiceError, Settings
 from ansible_collections.llmops.vllm.plugins.module_utils._wait import positive_seconds
 
@@ -364,7 +430,7 @@ def main():
             "name": {"type": "str"},
             "instance": {"type": "str"},
             "config_dir": {"type": "path", "default": DEFAULT_CONFIG_DIR},
-            "state": {"type": "str", "required": True, "choices": ["started", "stopped", "restarted"]},
+            "state": {"type": "str", "required": True, "choices": ["started", "stopped", "restarted", "asleep"]},
             "url": {"type": "str"},
             "served_name": {"type": "str"},
             "api_key": {"type": "str", "no_log": True},
@@ -403,6 +469,9 @@ def main():
         "stop": None,
         "restarts": 0,
         "engine_death": None,
+        "sleep": None,
+        "wake": None,
+        "asleep": None,
     }
     try:
         before = unit.state()
@@ -420,11 +489,20 @@ def main():
         death = unit.last_engine_death(before.stopped) if before.restarts or not running else None
         result.update(restarts=before.restarts, engine_death=death)
         messages = [engine_death_summary(death, before.restarts)] if death else []
+        if state == "asleep" and not running:
+            module.fail_json(
+                msg=f"{name} is {before.active_state}: only a running server can go to sleep; start it first",
+                **{**result, "elapsed": elapsed(started)},
+            )
+        # A server that sleeps answers /health: only its own word says whether it serves.
+        sleeping = lifecycle.asleep() if state == "asleep" else running and is_sleeping(settings.url)
         if module.check_mode:
             would_stop = state == "restarted" or (state == "stopped" and not before.stopped)
             would_start = state == "restarted" or (state == "started" and not running)
-            orphans = [] if would_stop or state == "started" else lifecycle.find_orphans(before)
-            result["changed"] |= would_stop or would_start or bool(orphans and settings.kill_orphans)
+            would_wake_or_sleep = (state == "started" and bool(sleeping)) or (state == "asleep" and not sleeping)
+            orphans = [] if would_stop or state in ("started", "asleep") else lifecycle.find_orphans(before)
+            would_end_orphans = bool(orphans and settings.kill_orphans)
+            result["changed"] |= would_stop or would_start or would_wake_or_sleep or would_end_orphans
             result["orphans"] = [process.as_dict() for process in orphans]
         else:
             if state in ("stopped", "restarted"):
@@ -440,11 +518,28 @@ def main():
                     f"serving {settings.served_name!r} {start['elapsed']:g} s after the start"
                     f" (systemd {start['systemd_start']:g} s, model load {start['load']:g} s)"
                 )
+            elif state == "started" and sleeping:
+                wake = result["wake"] = lifecycle.wake()
+                result["changed"] = True
+                messages.append(
+                    f"woke in {wake['wake']:g} s; serving {settings.served_name!r} {wake['elapsed']:g} s after the"
+                    " wake-up (a completion of one token answered)"
+                )
             elif state == "started":
                 result["start"] = None
                 waited = lifecycle.wait_ready()
                 messages.append(f"already running; serving {settings.served_name!r} ({waited['elapsed']:g} s wait)")
+            elif state == "asleep" and not sleeping:
+                lifecycle.wait_ready()  # a server still loading has nothing to put to sleep yet
+                report = result["sleep"] = lifecycle.sleep(before)
+                result["changed"] = True
+                drained = f"; drained {report['drain']['elapsed']:g} s" if report["drain"] else ""
+                aborted = f"; {report['aborted_requests']} requests aborted" if report["aborted_requests"] else ""
+                messages.append(f"asleep in {report['sleep']:g} s (level {report['level']}){drained}{aborted}")
+            elif state == "asleep":
+                messages.append("already asleep")
         after = unit.state()
+        result["asleep"] = is_sleeping(settings.url) if not after.stopped else None
     except ServiceError as error:
         module.fail_json(msg=f"{name}: {error}", **{**result, **error.details, "elapsed": elapsed(started)})
     except UnitError as error:

@@ -9,6 +9,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._gpu_memory import (
     Holder,
     describe,
     find_holders,
+    fit_limits,
     memory_limits,
     memory_state,
     parse_visible_devices,
@@ -221,3 +222,9 @@ def test_the_idle_process_is_described_by_proc_as_soon_as_the_fixture_yields(idl
     still empty for a moment (seen here 2 to 3 times in 5)."""
     with open(f"/proc/{idle_process.pid}/cmdline", "rb") as cmdline:
         assert cmdline.read().endswith(b"gpu-holder\0")
+
+
+def test_room_for_a_server_s_share_beside_what_a_gpu_holds():
+    # 0.9 of 143,771 MiB must be free, and CUDA never gives out its own 512 MiB.
+    assert fit_limits(GPUS[:2], 0.9) == {0: 13865, 1: 13865}
+    assert fit_limits(GPUS[:1], 1.0) == {0: 0}

@@ -197,3 +197,33 @@ def test_environment_of_a_gpu_instance_with_its_gpus_secrets_and_overrides():
 def test_environment_refuses_bad_settings(settings, message):
     with pytest.raises(ServeSpecError, match=re.escape(message)):
         build_server_environment(settings)
+
+
+# ---- sleep mode and vLLM's development endpoints --------------------------------------------------------
+
+
+def test_sleep_mode_opens_the_development_endpoints_behind_the_guard():
+    args = build_serve_args({**BASE, "sleep_mode": True})
+    guard = ["--middleware", "llmops_vllm_dev_guard.LoopbackOnlyDevEndpoints"]
+    assert args == [*BASE_ARGS, "--tensor-parallel-size", "1", *guard, "--enable-sleep-mode"]
+    environment = build_server_environment({"home": "/var/lib/vllm", "load_timeout": 300, "sleep_mode": True})
+    assert environment == {**BASE_ENVIRONMENT, "VLLM_SERVER_DEV_MODE": "1"}
+
+
+def test_development_endpoints_alone_come_with_the_guard_and_without_sleep_mode():
+    args = build_serve_args({**BASE, "dev_endpoints": True})
+    assert args[len(BASE_ARGS) + 2 :] == ["--middleware", "llmops_vllm_dev_guard.LoopbackOnlyDevEndpoints"]
+    assert "--middleware" not in build_serve_args(BASE)
+    assert "VLLM_SERVER_DEV_MODE" not in build_server_environment({"home": "/h", "load_timeout": 10})
+
+
+def test_development_mode_without_the_guard_is_refused():
+    settings = {"home": "/h", "load_timeout": 10, "env": {"VLLM_SERVER_DEV_MODE": "1"}}
+    with pytest.raises(ServeSpecError, match="env sets VLLM_SERVER_DEV_MODE, which opens vLLM's development endpoints"):
+        build_server_environment(settings)
+    with pytest.raises(
+        ServeSpecError, match="--enable-sleep-mode in extra_args conflicts with the spec: set sleep_mode"
+    ):
+        build_serve_args({**BASE, "extra_args": ["--enable-sleep-mode"]})
+    with pytest.raises(ServeSpecError, match="sleep_mode must be true or false, got 'yes'"):
+        build_serve_args({**BASE, "sleep_mode": "yes"})

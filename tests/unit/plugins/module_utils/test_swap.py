@@ -3,7 +3,9 @@ import pytest
 from ansible_collections.llmops.vllm.plugins.module_utils._swap import (
     SwapError,
     budget_spent,
+    meminfo_mib,
     new_instance,
+    sleep_plan,
     swap_result,
     timings,
 )
@@ -136,3 +138,72 @@ def test_a_failure_budget_that_is_no_percentage_is_refused(percentage):
         SwapError, match=f"max_fail_percentage must be a whole number from 0 to 100, got {percentage!r}"
     ):
         budget_spent([], percentage, 3)
+
+
+# ---- sleep mode ------------------------------------------------------------------------------------------
+
+GIB = 1024**3
+# An H200 host's /proc/meminfo, in part: 2 TiB, 1.5 TiB of it available.
+MEMINFO = "MemTotal:       2113929216 kB\nMemFree:        1200000000 kB\nMemAvailable:   1610612736 kB\n"
+
+
+def sleeper(instance="kimi_k25", port=8000, version="0.26.0", sleep_mode=True):
+    return {**record(instance, port=port, version=version), "sleep_mode": sleep_mode}
+
+
+def test_meminfo_in_mib():
+    assert meminfo_mib(MEMINFO) == {"MemTotal": 2064384, "MemFree": 1171875, "MemAvailable": 1572864}
+
+
+def test_a_sleep_that_fits_has_no_refusal_and_gives_the_new_instance_s_share():
+    new = {"port": 8001, "entry": {"gpu_memory_utilization": 0.85}}
+    plan = sleep_plan([sleeper()], new, "cuda", MEMINFO, {"kimi_k25": 595 * GIB})
+    assert plan == {"refusals": [], "sleeping_mib": 609280.0, "budget_mib": 1366426, "fit_utilization": 0.85}
+    # vLLM's own default share when the entry sets none.
+    assert sleep_plan([sleeper()], {"port": 8001, "entry": {}}, "cuda", MEMINFO, {})["fit_utilization"] == 0.9
+
+
+def test_every_reason_against_a_sleep_is_named():
+    old = [sleeper("tiny", version="0.9.2", sleep_mode=False)]
+    plan = sleep_plan(old, {"port": 8000, "entry": {}}, "cpu", MEMINFO, {"tiny": 3 * GIB}, budget_mib=1024)
+    assert plan["refusals"] == [
+        "vLLM's CPU build has no sleep mode (vLLM has it on CUDA, ROCm and XPU)",
+        "tiny was not started with sleep mode; deploy it with `sleep_mode: true` in its catalog entry first",
+        "tiny runs vLLM 0.9.2, older than sleep mode's 0.10.0",
+        "tiny keeps its port 8000 while it sleeps: the new instance needs a port of its own (vllm_swap_port)",
+        "the weights of tiny take 3072 MiB of CPU memory asleep, more than the budget of 1024 MiB",
+    ]
+
+
+def test_weights_beyond_what_the_host_can_spare_are_refused_and_a_larger_budget_is_cut():
+    small_host = "MemTotal: 16777216 kB\nMemAvailable: 8388608 kB\n"  # 16 GiB, 8 available, 6.4 spare
+    for budget in (0, 100_000):
+        plan = sleep_plan([sleeper()], {"port": 8001}, "cuda", small_host, {"kimi_k25": 7 * GIB}, budget)
+        assert plan["refusals"] == [
+            "the weights of kimi_k25 take 7168 MiB of CPU memory asleep, more than the 6554 MiB that the host can "
+            "spare (MemAvailable less 10% of MemTotal)"
+        ]
+        assert plan["budget_mib"] == 6554
+
+
+@pytest.mark.parametrize("budget", [-1, True, "8"])
+def test_a_budget_that_is_no_number_of_mib_is_refused(budget):
+    with pytest.raises(SwapError, match="CPU memory budget must be 0"):
+        sleep_plan([], {"port": 1}, "cuda", MEMINFO, {}, budget)
+
+
+def test_a_swap_by_sleep_says_so_and_names_those_kept_asleep():
+    clock = {"prepared": 20, "switch": 0, "down": 0, "up": 31.4, "now": 32}
+    slept = {"results": [{"sleep": {"elapsed": 1.3}, "stop": None}]}
+    outcome = {"result": "swapped", "msg": "minimax_m25 serves", "asleep": ["kimi_k25"]}
+    result = swap_result(
+        outcome, "h1", [sleeper()], "minimax_m25", "0.26.0", clock, slept, {"elapsed": 0.1},
+        {"start": {"elapsed": 29.5}}, mode="sleep",
+    )  # fmt: skip
+    assert (result["mode"], result["asleep"], result["stop"]) == ("sleep", ["kimi_k25"], 1.3)
+    assert result["summary"] == (
+        "swapped in 52 s (kimi_k25 -> minimax_m25); down 31.4 s = sleep 1.3 + GPU memory wait 0.1 + load 29.5 + the "
+        "collection's own 0.5. minimax_m25 serves; kimi_k25 kept asleep"
+    )
+    with pytest.raises(SwapError, match="mode must be one of"):
+        swap_result(outcome, "h1", [], "m", "", clock, mode="nap")

@@ -122,6 +122,7 @@ def test_an_active_instance_with_its_metrics(run, tmp_path, systemctl, serve):
     assert 30 <= uptime < 60
     assert tiny == {
         **record,
+        "sleep_mode": False,  # a record written before sleep mode reads as without it
         "outdated": [],
         "active_state": "active",
         "sub_state": "running",
@@ -130,6 +131,7 @@ def test_an_active_instance_with_its_metrics(run, tmp_path, systemctl, serve):
         "restarts": 0,
         "engine_death": None,
         "serving": True,
+        "asleep": None,
         "requests_running": 5,
         "requests_waiting": 5,
         "kv_cache_usage": 0.625,
@@ -157,7 +159,7 @@ def test_an_inactive_instance_is_not_asked_over_http(run, tmp_path, systemctl, s
     [tiny] = run()["instances"]
     assert (tiny["active_state"], tiny["sub_state"], tiny["main_pid"], tiny["uptime"]) == ("failed", "failed", 0, None)
     assert tiny["engine_death"] == "the engine died: Worker proc VllmWorker-0 died unexpectedly (exit code: -4, SIGILL)"
-    assert [tiny[key] for key in vllm_instance_info.NOT_ASKED] == [None] * 4
+    assert [tiny[key] for key in vllm_instance_info.NOT_ASKED] == [None] * 5
     assert asked == []
 
 

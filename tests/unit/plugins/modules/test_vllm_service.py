@@ -96,7 +96,7 @@ def test_a_unit_by_name_keeps_the_defaults(run_module, commands, started_with):
         ({"name": None}, "one of the following is required: name, instance"),
         ({"instance": "tiny"}, "parameters are mutually exclusive: instance|name"),
         ({"name": None, "served_name": None, "instance": "gone"}, "No instance record for gone in"),
-        ({"state": "reloaded"}, "value of state must be one of: started, stopped, restarted, got: reloaded"),
+        ({"state": "reloaded"}, "value of state must be one of: started, stopped, restarted, asleep, got: reloaded"),
     ],
 )
 def test_bad_input_is_refused_before_any_command(run_module, tmp_path, commands, args, message):
