@@ -28,3 +28,8 @@ def test_a_stopped_disabled_instance_on_its_own_gpu_whose_engine_died():
 
 def test_a_host_without_gpus_has_no_gpu_memory():
     assert status_row(instance(), "h3", {"present": False, "gpus": []})["gpu_mib"] is None
+
+
+def test_an_instance_kept_asleep_after_a_swap_says_so():
+    row = status_row(instance(asleep=True, enabled=False, requests_running=0), "h4", GPUS)
+    assert row["state"] == "active, asleep, disabled"

@@ -301,3 +301,15 @@ def test_metric_fields_sum_requests_and_take_the_fullest_cache():
         "requests_waiting": None,
         "kv_cache_usage": None,
     }
+
+
+def test_a_sleeping_instance_is_active_but_not_serving(run, tmp_path, systemctl, serve):
+    url, asked = serve(
+        {"/health": (200, ""), "/metrics": (200, METRICS), "/is_sleeping": (200, '{"is_sleeping":true}')}
+    )
+    write_record(tmp_path / "vllm", "kimi", port_of(url), sleep_mode=True)
+    units, _commands, _journals = systemctl
+    units["vllm-kimi.service"] = show("active", active_since_us=int((time.monotonic() - 30) * 1e6))
+    [kimi] = run()["instances"]
+    assert (kimi["sleep_mode"], kimi["asleep"], kimi["serving"]) == (True, True, False)
+    assert "/is_sleeping" in asked
