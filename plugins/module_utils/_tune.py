@@ -90,7 +90,9 @@ def _grid(grid):
         if not isinstance(values, list) or not values:
             raise TuneError(f"the grid's {key} must be a non-empty list of values, got {values!r}")
     keys = list(grid)
-    return [dict(zip(keys, combination)) for combination in itertools.product(*(grid[key] for key in keys))]
+    return [
+        dict(zip(keys, combination, strict=True)) for combination in itertools.product(*(grid[key] for key in keys))
+    ]
 
 
 def candidate_name(layout_name, settings):
@@ -339,5 +341,5 @@ def planned_rows(candidates, plans):
             refusal="" if plan.get("ok") else plan.get("msg") or "not planned",
             plan=plan.get("summary", "") if plan.get("ok") else "",
         )
-        for candidate, plan in zip(candidates, plans)
+        for candidate, plan in zip(candidates, plans, strict=True)
     }

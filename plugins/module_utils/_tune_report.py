@@ -114,7 +114,8 @@ def svg(report):
         'font-family="sans-serif" font-size="12">',
         f'<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
         f'<text x="{MARGIN["left"]}" y="22" font-size="15">'
-        f"{html.escape(report['model'])} on {html.escape(report['host'])}: output throughput against median TTFT</text>",
+        f"{html.escape(report['model'])} on {html.escape(report['host'])}: "
+        "output throughput against median TTFT</text>",
     ]
     if not points:
         out.append(f'<text x="{MARGIN["left"]}" y="{HEIGHT // 2}">no candidate was measured</text></svg>')
@@ -145,12 +146,14 @@ def svg(report):
     winner = (report.get("winner") or {}).get("name")
     for index, candidate in enumerate(measured):
         colour = COLOURS[index % len(COLOURS)]
-        path = " ".join(f"{x(level['median_ttft_ms'])},{y(level['output_throughput'])}" for level in candidate["levels"])
+        path = " ".join(f"{x(item['median_ttft_ms'])},{y(item['output_throughput'])}" for item in candidate["levels"])
         out.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
         for level in candidate["levels"]:
             cx, cy = x(level["median_ttft_ms"]), y(level["output_throughput"])
             out.append(f'<circle cx="{cx}" cy="{cy}" r="3.5" fill="{colour}"/>')
-            out.append(f'<text x="{cx + 5}" y="{cy - 5}" font-size="10" fill="{colour}">C={level["max_concurrency"]}</text>')
+            out.append(
+                f'<text x="{cx + 5}" y="{cy - 5}" font-size="10" fill="{colour}">C={level["max_concurrency"]}</text>'
+            )
         label = candidate["name"] + (" (winner)" if candidate["name"] == winner else "")
         legend_y = top + 16 * index + 8
         out.append(f'<line x1="{left + plot_w + 15}" y1="{legend_y}" x2="{left + plot_w + 35}" y2="{legend_y}" '
