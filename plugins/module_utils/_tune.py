@@ -17,6 +17,7 @@ import json
 import numbers
 
 from ansible_collections.llmops.vllm.plugins.module_utils._catalog import DERIVED_KEYS, CatalogError, check_entry
+from ansible_collections.llmops.vllm.plugins.module_utils._planner import Layout
 
 # The server settings that a grid or a candidate may set; the first two are keys of the catalog entry, the
 # others reach the command line through its extra_args.
@@ -65,14 +66,17 @@ def _check_settings(settings, where):
 
 
 def _layouts(entry, layouts):
-    """[(name, mapping)] of the layouts to try: names of the entry's own, or mappings (named `custom N`)."""
+    """[(name, mapping)] of the layouts to try: names of the entry's own, or mappings (named as `TP8 EP8`)."""
     named = {"default": entry["layout"], **entry["alternatives"]}
     if not layouts:
         return list(named.items())
     chosen = []
-    for position, layout in enumerate(layouts):
+    for layout in layouts:
         if isinstance(layout, dict):
-            chosen.append((f"custom{position + 1}", layout))
+            try:
+                chosen.append((Layout.from_mapping(layout).describe(), layout))
+            except (TypeError, ValueError):
+                raise TuneError(f"layout {layout!r} must map parallel sizes to whole numbers") from None
         elif layout in named:
             chosen.append((layout, named[layout]))
         else:
@@ -267,7 +271,7 @@ def winner(candidates, concurrency=0, slo=None):
         objective = f"the SLO {slo_text(slo)}" if slo else "the objective"
         return {"name": None, "key": None, "reason": f"no candidate was measured that meets {objective}"}
     scored.sort(key=lambda item: item[:2], reverse=True)
-    throughput, _, best, level, why = scored[0]
+    throughput, best, level, why = scored[0][0], *scored[0][2:]
     runner_up = ""
     if len(scored) > 1:
         second = scored[1]

@@ -16,6 +16,8 @@ from ansible_collections.llmops.vllm.plugins.module_utils._tune import pareto_fr
 # Colours that stay apart for the usual kinds of colour blindness (Okabe and Ito).
 COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
 WIDTH, HEIGHT = 760, 460
+# The table's note keeps the start of a reason (a refusal names every layout that would pass); HOST.json has it all.
+NOTE_LENGTH = 240
 MARGIN = {"left": 70, "right": 230, "top": 40, "bottom": 55}
 
 
@@ -34,7 +36,7 @@ def _cell(candidate, level):
 def _slo_met(candidate, objective):
     if candidate.get("verdict") != "measured":
         return "-"
-    level, _, _ = score(candidate["levels"], objective.get("concurrency", 0), objective.get("slo"))
+    level = score(candidate["levels"], objective.get("concurrency", 0), objective.get("slo"))[0]
     if not objective.get("slo"):
         return "n/a"
     return f"yes, to C={level}" if level is not None else "no"
@@ -57,11 +59,12 @@ def markdown(report):
         f" tokens in and {workload['output_len']} out each ({workload['endpoint']})."
     )
     lines.append(f"Objective: {objective_text(objective, levels)}.")
-    lines += ["", "| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
+    lines += ["", "| " + " | ".join(head) + " |", "|" + "|".join(" --- " for column in head) + "|"]
     winner = report.get("winner") or {}
     for candidate in report["candidates"]:
         name = f"**{candidate['name']}**" if candidate["key"] == winner.get("key") else candidate["name"]
         note = candidate.get("reason") or ""
+        note = note if len(note) <= NOTE_LENGTH else note[: NOTE_LENGTH - 3].rstrip() + "..."
         if candidate.get("resumed"):
             note = ("measured in an earlier run; " + note).rstrip("; ")
         row = [name, candidate["verdict"], _seconds(candidate.get("load_s")),

@@ -61,7 +61,7 @@ def test_without_a_grid_each_layout_is_one_candidate():
     chosen = expand(entry("minimax_m25"), layouts=["default", {"tensor_parallel_size": 8}, "ep8"])
     assert [(item["name"], item["layout"]) for item in chosen] == [
         ("default", {"tensor_parallel_size": 4}),
-        ("custom2", {"tensor_parallel_size": 8}),
+        ("TP8", {"tensor_parallel_size": 8}),
         ("ep8", {"tensor_parallel_size": 8, "expert_parallel_size": 8}),
     ]
 
@@ -113,7 +113,7 @@ def test_a_setting_replaces_the_entry_s_own_flag_rather_than_adding_a_second():
     base = check_entry("m", {"source": {"kind": "generated"}, "served_name": "m",
                              "extra_args": ["--max-num-batched-tokens", "64", "--enforce-eager"]})  # fmt: skip
     candidate = expand(base, grid={"max_num_batched_tokens": [128], "enforce_eager": [True]})[0]
-    _, raw, _ = candidate_entry(base, candidate, "f" * 16)
+    raw = candidate_entry(base, candidate, "f" * 16)[1]
     assert raw["extra_args"] == ["--max-num-batched-tokens", "128", "--enforce-eager"]
     assert raw["source"] == {"kind": "generated"}, "without weights on a host the entry's own source stays"
 

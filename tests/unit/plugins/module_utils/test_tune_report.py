@@ -1,5 +1,5 @@
 import re
-import xml.etree.ElementTree as ElementTree
+from xml.etree import ElementTree
 
 from ansible_collections.llmops.vllm.plugins.module_utils._tune import winner
 from ansible_collections.llmops.vllm.plugins.module_utils._tune_report import markdown, svg
