@@ -339,11 +339,14 @@ def planned_rows(candidates, plans):
     """
     if len(candidates) != len(plans):
         raise TuneError(f"{len(candidates)} candidates but {len(plans)} plans")
-    return {
-        candidate["key"]: outcome(
-            candidate,
-            refusal="" if plan.get("ok") else plan.get("msg") or "not planned",
-            plan=plan.get("summary", "") if plan.get("ok") else "",
+    rows = {}
+    for candidate, plan in zip(candidates, plans, strict=True):
+        # The planner names the candidate's entry; the model's name says the same to people.
+        model = candidate["entry_name"].rpartition("_tune_")[0]
+        found = (plan.get("summary", "") if plan.get("ok") else plan.get("msg") or "not planned").replace(
+            candidate["entry_name"], model
         )
-        for candidate, plan in zip(candidates, plans, strict=True)
-    }
+        rows[candidate["key"]] = outcome(
+            candidate, refusal="" if plan.get("ok") else found, plan=found if plan.get("ok") else ""
+        )
+    return rows

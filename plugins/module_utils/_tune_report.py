@@ -42,6 +42,15 @@ def _slo_met(candidate, objective):
     return f"yes, to C={level}" if level is not None else "no"
 
 
+def short_reason(reason):
+    """The start of a reason for the table: of a server that did not load, the errors its journal names first."""
+    found, journal = reason.partition("Errors in its journal (the first is usually the cause):\n")[1:]
+    if found:
+        errors = [line.split(" [type=")[0].strip() for line in journal.split("\nLast lines")[0].splitlines()]
+        reason = "did not load: " + " ".join(line for line in errors[:2] if line)
+    return reason if len(reason) <= NOTE_LENGTH else reason[: NOTE_LENGTH - 3].rstrip() + "..."
+
+
 def _seconds(value):
     return f"{value:.1f}" if isinstance(value, (int, float)) else "-"
 
@@ -63,8 +72,7 @@ def markdown(report):
     winner = report.get("winner") or {}
     for candidate in report["candidates"]:
         name = f"**{candidate['name']}**" if candidate["key"] == winner.get("key") else candidate["name"]
-        note = candidate.get("reason") or ""
-        note = note if len(note) <= NOTE_LENGTH else note[: NOTE_LENGTH - 3].rstrip() + "..."
+        note = short_reason(candidate.get("reason") or "")
         if candidate.get("resumed"):
             note = ("measured in an earlier run; " + note).rstrip("; ")
         row = [name, candidate["verdict"], _seconds(candidate.get("load_s")),

@@ -151,7 +151,9 @@ def test_the_planner_refuses_tp3_of_tiny_from_its_config():
         plans.append({**result, "msg": result.get("reason", "")})
     rows = planned_rows(candidates, plans)
     assert [rows[candidate["key"]]["verdict"] for candidate in candidates] == ["pending", "refused"]
-    assert "4 attention heads are not divisible by tensor_parallel_size 3" in rows[candidates[1]["key"]]["reason"]
+    reason = rows[candidates[1]["key"]]["reason"]
+    assert reason.startswith("tiny_tune TP3: 4 attention heads are not divisible by tensor_parallel_size 3")
+    assert candidates[1]["entry_name"] not in reason, "the model's name, not the candidate's entry"
 
 
 def test_minimax_tp8_is_refused_for_fp8_alignment_and_ep8_passes():

@@ -2,7 +2,7 @@ import re
 from xml.etree import ElementTree
 
 from ansible_collections.llmops.vllm.plugins.module_utils._tune import winner
-from ansible_collections.llmops.vllm.plugins.module_utils._tune_report import markdown, svg
+from ansible_collections.llmops.vllm.plugins.module_utils._tune_report import markdown, short_reason, svg
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -67,3 +67,21 @@ def test_a_plot_without_measurements_says_so():
     data = report()
     data["candidates"] = [candidate for candidate in data["candidates"] if candidate["verdict"] != "measured"]
     assert re.search(r">no candidate was measured<", svg(data))
+
+
+def test_a_server_that_did_not_load_is_noted_by_the_errors_its_journal_names_first():
+    reason = "\n".join([
+        "Start the new instance and wait until it serves tiny_tune_tune_6bc4d03336: vllm-tiny_tune-tune.service"
+        " failed while loading: result exit-code, main process exited with status 1",
+        "Errors in its journal (the first is usually the cause):",
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for SchedulerConfig",
+        "  Value error, max_num_batched_tokens (32) must be greater than or equal to max_num_seqs (64)."
+        " [type=value_error, input_value=ArgsKwargs((), {...}), input_type=ArgsKwargs]",
+        "Last lines of its journal:",
+        "  File ...; rolled back, nothing serves again",
+    ])  # fmt: skip
+    assert short_reason(reason) == (
+        "did not load: pydantic_core._pydantic_core.ValidationError: 1 validation error for SchedulerConfig"
+        " Value error, max_num_batched_tokens (32) must be greater than or equal to max_num_seqs (64)."
+    )
+    assert short_reason("x" * 300).endswith("...") and len(short_reason("x" * 300)) == 240
