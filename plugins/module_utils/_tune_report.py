@@ -15,10 +15,10 @@ from ansible_collections.llmops.vllm.plugins.module_utils._tune import pareto_fr
 
 # Colours that stay apart for the usual kinds of colour blindness (Okabe and Ito).
 COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
-WIDTH, HEIGHT = 760, 460
+WIDTH, HEIGHT = 990, 460
 # The table's note keeps the start of a reason (a refusal names every layout that would pass); HOST.json has it all.
 NOTE_LENGTH = 240
-MARGIN = {"left": 70, "right": 230, "top": 40, "bottom": 55}
+MARGIN = {"left": 70, "right": 460, "top": 40, "bottom": 55}
 
 
 def levels_of(report):
@@ -169,7 +169,7 @@ def svg(report):
         legend_y = top + 16 * index + 8
         out.append(f'<line x1="{left + plot_w + 15}" y1="{legend_y}" x2="{left + plot_w + 35}" y2="{legend_y}" '
                    f'stroke="{colour}" stroke-width="2"/>')  # fmt: skip
-        out.append(f'<text x="{left + plot_w + 40}" y="{legend_y + 4}">{html.escape(label)}</text>')
+        out.append(f'<text x="{left + plot_w + 40}" y="{legend_y + 4}" font-size="11">{html.escape(label)}</text>')
     front = pareto_front(points)
     path = " ".join(f"{x(point[0])},{y(point[1])}" for point in front)
     out.append(f'<polyline class="pareto" points="{path}" fill="none" stroke="#444" stroke-dasharray="5,4"/>')
