@@ -1,12 +1,13 @@
 # Copyright: llmops.vllm contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Filters that turn a deployment spec into the text of a systemd unit and its EnvironmentFile, check the
-instances of a host for clashes, and do a swap's arithmetic."""
+instances of a host for clashes, and do the arithmetic of a swap and of a tune."""
 
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.llmops.vllm.plugins.module_utils._catalog import CatalogError
 from ansible_collections.llmops.vllm.plugins.module_utils._instance_record import remote_url
 from ansible_collections.llmops.vllm.plugins.module_utils._instances import (
     InstanceError,
@@ -33,13 +34,21 @@ from ansible_collections.llmops.vllm.plugins.module_utils._systemd import (
     exec_line,
 )
 from ansible_collections.llmops.vllm.plugins.module_utils._table import records_table
+from ansible_collections.llmops.vllm.plugins.module_utils._tune import (
+    TuneError,
+    outcome,
+    over_budget,
+    overlay_entry,
+    plan_candidates,
+    planned_rows,
+)
 
 
 def _as_filter_error(function):
     def filter_function(*args, **kwargs):
         try:
             return function(*args, **kwargs)
-        except (InstanceError, ServeSpecError, SwapError, SystemdSyntaxError) as error:
+        except (CatalogError, InstanceError, ServeSpecError, SwapError, SystemdSyntaxError, TuneError) as error:
             raise AnsibleFilterError(str(error)) from error
 
     filter_function.__name__ = function.__name__
@@ -64,4 +73,9 @@ class FilterModule:
             "vllm_swap_result": _as_filter_error(swap_result),
             "vllm_swap_sleep_plan": _as_filter_error(sleep_plan),
             "vllm_rollout_budget_spent": _as_filter_error(budget_spent),
+            "vllm_tune_candidates": _as_filter_error(plan_candidates),
+            "vllm_tune_outcome": _as_filter_error(outcome),
+            "vllm_tune_over_budget": _as_filter_error(over_budget),
+            "vllm_tune_overlay": _as_filter_error(overlay_entry),
+            "vllm_tune_rows": _as_filter_error(planned_rows),
         }
