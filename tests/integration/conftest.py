@@ -76,6 +76,18 @@ class LocalHost:
         return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, check=False)
 
 
+def remove_instances(host: LocalHost, *instances: str) -> None:
+    """Stop the instances and remove their records, environments, units and weights: the host as before them."""
+    for instance in instances:
+        stopped = host.module("llmops.vllm.vllm_service", instance=instance, state="stopped")
+        assert not stopped.get("failed"), stopped
+        host.sh(
+            f"rm -rf /etc/vllm/{instance}.json /etc/vllm/{instance}.env /etc/systemd/system/vllm-{instance}.service "
+            f"/var/lib/vllm/models/{instance}"
+        )
+    host.sh("systemctl daemon-reload")
+
+
 @pytest.fixture(scope="session")
 def local_host(tmp_path_factory) -> LocalHost:
     name = os.environ.get("LLMOPS_TEST_HOST", "llmops-vllm-it")

@@ -305,7 +305,8 @@ def test_without_drain_in_flight_requests_are_aborted_and_reported(careless_unit
     assert result["stop"]["drain"] is None, result["stop"]
     assert result["stop"]["aborted_requests"] >= len(cut_off) >= 1, (result["stop"], records[-STREAMS:])
     assert f"{result['stop']['aborted_requests']} requests aborted" in result["msg"]
-    assert all(record["tokens"] is None for record in cut_off)
+    # A stream vLLM closes with its usage chunk says why: its requests were aborted, not finished.
+    assert all(record["tokens"] is None or record["finish_reason"] == "abort" for record in cut_off), cut_off
 
 
 def test_orphans_of_a_killed_main_process_are_found_and_killed(careless_unit):

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import remove_instances
+
 CATALOG = str(Path(__file__).resolve().parent / "catalog")
 CATALOG_ARG = json.dumps({"vllm_catalog_paths": [CATALOG]})
 
@@ -64,12 +66,7 @@ def dev_instance(deployed):
     )
     assert proc.returncode == 0, f"deploy.yml failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
     yield deployed
-    stopped = deployed.module("llmops.vllm.vllm_service", instance="tiny_dev", state="stopped")
-    assert not stopped.get("failed"), stopped
-    deployed.sh(
-        "rm -rf /etc/vllm/tiny_dev.json /etc/vllm/tiny_dev.env /etc/systemd/system/vllm-tiny_dev.service "
-        "/var/lib/vllm/models/tiny_dev && systemctl daemon-reload"
-    )
+    remove_instances(deployed, "tiny_dev")
 
 
 # An HTTP status from the host itself, with its own Python: the client's address is the one it connects from.

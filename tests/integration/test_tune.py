@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from .conftest import ROOT
+from .conftest import ROOT, remove_instances
 
 CATALOG = ROOT / "tests" / "integration" / "catalog"
 INSTANCE = "tiny_tune"
@@ -47,10 +47,11 @@ def unit_state(host, unit, *properties):
 
 @pytest.fixture(scope="module")
 def tune_host(deployed):
-    """tiny_tune deployed beside tiny, on port 8001."""
+    """tiny_tune deployed beside tiny, on port 8001; it and its candidate removed afterwards."""
     proc = deployed.playbook("playbooks/deploy.yml", "-e", json.dumps(deploy_vars([str(CATALOG)])))
     assert proc.returncode == 0, f"deploy.yml failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
-    return deployed
+    yield deployed
+    remove_instances(deployed, INSTANCE, f"{INSTANCE}-tune")
 
 
 @pytest.fixture(scope="module")
