@@ -44,6 +44,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -103,10 +104,10 @@ PHASES = {
 
 
 class Results:
-    """What the run measured, written to OUT/gpu-harness.json after every addition."""
+    """What the run measured, written to OUT/NAME.json (gpu-harness.json) after every addition."""
 
-    def __init__(self, out: Path, args):
-        self.path = out / "gpu-harness.json"
+    def __init__(self, out: Path, args, name: str = "gpu-harness"):
+        self.path = out / f"{name}.json"
         self.data = json.loads(self.path.read_text()) if self.path.exists() else {}
         self.data.setdefault("host", host_facts(args))
 
@@ -182,13 +183,18 @@ def server_env_base(args) -> dict:
 class Server:
     """One instance of the catalog entry, rendered by the collection, in a session of its own."""
 
+    # pylint: disable-next=too-many-arguments
     def __init__(
-        self, args, name, port, utilization, drain, eager=False, sleep_mode=False, kill_mode="mixed", host=None
-    ):
-        entry = {**load_entry(args.entry), "sleep_mode": sleep_mode}
+        self, args, name, port, utilization, drain, eager=False, sleep_mode=False, kill_mode="mixed", host=None,
+        entry=None, layout=None, gpus=None,
+    ):  # fmt: skip
+        """`entry`, `layout` and `gpus`: another catalog entry than --entry (served from its own source path), a
+        layout other than its own, and the GPUs its instance holds (CUDA_VISIBLE_DEVICES, as the role renders it)."""
+        model_dir = load_entry(entry)["source"]["path"] if entry else args.model_dir
+        entry = {**load_entry(entry or args.entry), "sleep_mode": sleep_mode}
         extra_args = list(entry["extra_args"]) + (["--enforce-eager"] if eager else [])
         spec = serve_spec(
-            {**entry, "extra_args": extra_args}, entry["layout"], args.model_dir, host or "127.0.0.1", port
+            {**entry, "extra_args": extra_args}, layout or entry["layout"], model_dir, host or "127.0.0.1", port
         )
         spec.update(shutdown_timeout=drain, load_format=args.load_format, gpu_memory_utilization=utilization)
         settings = {
@@ -196,6 +202,7 @@ class Server:
             "load_timeout": entry["load_timeout"],
             "device": args.device,
             "env": entry["env"],
+            "cuda_visible_devices": ",".join(gpus or []),
         }
         settings["sleep_mode"] = sleep_mode
         environment = build_server_environment(settings)
@@ -203,6 +210,7 @@ class Server:
         self.env = {**server_env_base(args), **environment}
         self.url = f"http://127.0.0.1:{port}"
         self.served_name = entry["served_name"]
+        self.model_dir = model_dir
         self.unit = SessionUnit(f"vllm-{name}", self.argv, self.env, str(args.logs / f"server-{name}.log"), kill_mode)
         self.settings = Settings(
             url=self.url, served_name=self.served_name, load_timeout=entry["load_timeout"], poll_interval=0.2
@@ -367,8 +375,10 @@ def watch_engine_and_main(server: Server, args, since: float, timeout: float) ->
 def module_command(name: str, **module_args) -> tuple[list, dict]:
     """How Ansible runs one of the collection's modules on a host: the command and its environment."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [COLLECTIONS, os.environ.get("PYTHONPATH")]))}
-    payload = json.dumps({"ANSIBLE_MODULE_ARGS": module_args})
-    return [sys.executable, "-m", f"{MODULES}.{name}", payload], env
+    # In a file, as Ansible passes them: AnsibleModule takes a long argument for a path and fails on its length.
+    with tempfile.NamedTemporaryFile("w", prefix=f"{name}-args-", suffix=".json", delete=False) as args_file:
+        json.dump({"ANSIBLE_MODULE_ARGS": module_args}, args_file)
+    return [sys.executable, "-m", f"{MODULES}.{name}", args_file.name], env
 
 
 def run_module(name: str, **module_args) -> dict:

@@ -307,10 +307,11 @@ def check_quantization_alignment(shape, layout):
         if part not in shape.quantized_parts:
             continue
         # Expert parallelism places whole experts on ranks; everything else is split by TP.
-        divisor = 1 if part == "routed experts" and layout.expert else layout.tensor
+        whole_experts = part == "routed experts" and layout.expert
+        divisor = 1 if whole_experts else layout.tensor
         shard = size / divisor
         if shard != int(shard) or shard % unit:
-            how = f"{size} (whole experts)" if divisor == 1 else f"{size} / TP {divisor} = {shard:g}"
+            how = f"{size} (whole experts)" if whole_experts else f"{size} / TP {divisor} = {shard:g}"
             # Quote vLLM's own words for FP8 blocks, the error users search for.
             quote = f' ("... = {shard:g} is not divisible by weight quantization block_n = {unit}")'
             return False, (

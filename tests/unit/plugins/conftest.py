@@ -53,9 +53,16 @@ def seed_box():
 
 
 @pytest.fixture
-def h200_box():
-    """8 H200 on NVLink; the facts carry no compute capability, so the name gives it (9.0)."""
-    return gpu_facts(8, "NVIDIA H200", 143771, "NV18", "nvlink")
+def h200s():
+    """`h200s(count)`: that many H200 on NVLink (NV18 for each pair, as on the GPU machines); the facts carry no
+    compute capability, so the name gives it (9.0)."""
+    return lambda count: gpu_facts(count, "NVIDIA H200", 143771, "NV18", "nvlink")
+
+
+@pytest.fixture
+def h200_box(h200s):
+    """8 H200 on NVLink."""
+    return h200s(8)
 
 
 @pytest.fixture
@@ -74,6 +81,21 @@ def entry():
     def read(name, **changes):
         raw = yaml.safe_load((ROOT / "models" / f"{name}.yml").read_text())
         return check_entry(name, {**raw, **changes})
+
+    return read
+
+
+@pytest.fixture
+def gpu_layout_model():
+    """An entry of benchmarks/models and its config.json: the small copies of the seed models' shapes that
+    benchmarks/gpu/layouts.py serves on the GPU machine, where vLLM's own verdicts were taken."""
+    from ansible_collections.llmops.vllm.plugins.module_utils._catalog import check_entry
+
+    models = ROOT / "benchmarks" / "models"
+
+    def read(name):
+        entry = check_entry(name, yaml.safe_load((models / f"{name}.yml").read_text()))
+        return entry, json.loads((models / "configs" / f"{name}.json").read_text())
 
     return read
 

@@ -242,3 +242,36 @@ def test_a_requirement_that_the_facts_cannot_answer_fails(entry, config, h200_bo
         gpu["name"] = "Prototype accelerator"
     result = plan(entry("kimi_k25_nvfp4"), config("Kimi-K2.5"), h200_box, "default")
     assert result["reason"].endswith("needs compute capability 10.0; the GPU facts lack it")
+
+
+def test_the_small_fp8_moe_breaks_the_block_at_tp2_and_keeps_it_with_expert_parallelism(gpu_layout_model, h200s):
+    two_h200 = h200s(2)
+    entry, config = gpu_layout_model("gpu_moe_fp8")
+    tp2 = plan(entry, config, two_h200, "tp2")
+    assert tp2["failed_rules"] == ["quantization_alignment"]
+    assert "384 / TP 2 = 192 is not a multiple of the FP8 weight block 128x128" in tp2["reason"]
+    assert "tp2_ep" in [item["name"] for item in tp2["passing_layouts"]]
+    tp2_ep = plan(entry, config, two_h200, "tp2_ep")
+    assert tp2_ep["ok"] and "--enable-expert-parallel" in tp2_ep["serve_args"]
+    detail = {check["rule"]: check["detail"] for check in tp2_ep["checks"]}
+    assert detail["quantization_alignment"].startswith("intermediate shards routed experts 384 are multiples")
+    assert plan(entry, config, two_h200, "default")["ok"]
+
+
+def test_the_tp2_shard_as_a_whole_model_fails_the_same_rule_on_one_gpu(gpu_layout_model, h200s):
+    entry, config = gpu_layout_model("gpu_moe_fp8_shard")
+    result = plan(entry, config, h200s(1), "default")
+    assert result["failed_rules"] == ["quantization_alignment"]
+    # vLLM counts a shard of TP 1 as it counts one of TP 2: the same words for the same 192.
+    assert "192 / TP 1 = 192 is not a multiple" in result["reason"]
+    assert "(whole experts)" not in result["reason"]
+
+
+def test_one_kv_head_is_replicated_at_tp2_and_tp3_fails_for_the_heads(gpu_layout_model, h200s):
+    entry, config = gpu_layout_model("gpu_gqa")
+    three = h200s(3)
+    tp2 = plan(entry, config, three, "tp2")
+    assert tp2["ok"]
+    kv_heads = next(check["detail"] for check in tp2["checks"] if check["rule"] == "kv_heads")
+    assert kv_heads == "each of the 1 KV heads replicated on 2 ranks"
+    assert plan(entry, config, three, "tp3")["failed_rules"] == ["attention_heads"]
