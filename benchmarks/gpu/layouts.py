@@ -50,7 +50,7 @@ CONFIGS = {
 # Every layout of every entry, in the table's order: (entry, layout name).
 LAYOUTS = [(name, layout) for name in CONFIGS for layout in ("default", *load_entry(name)["alternatives"])]
 # An exception as a traceback's last line gives it, or as pydantic words a config's refusal.
-EXCEPTION = re.compile(r"\b(\w+(?:Error|Exception): .+|Value error, .+)$")
+EXCEPTION = re.compile(r"\b(\w+(?:Error|Exception)(?:: .+)?|Value error, .+)$")
 
 
 def write_models(tokenizer: Path):

@@ -37,7 +37,11 @@ PART_MODULES = {
     "routed experts": "model.layers.1.mlp.experts.0.gate_proj",
     "shared experts": "model.layers.1.mlp.shared_experts.gate_proj",
     "dense MLP": "model.layers.0.mlp.gate_proj",
+    "router": "model.layers.1.mlp.gate",
 }
+# vLLM's block-quantised matmul runs on CUTLASS only when both sides of the weight are multiples of this; others
+# fall back to a Triton kernel that asserts on block scales (vLLM 0.26, measured: an FP8 router of 8 experts).
+BLOCK_MATMUL_MULTIPLE = 16
 
 
 class PlanInputError(ValueError):
@@ -104,6 +108,8 @@ class ModelShape:
     # (unit, description) that each quantised intermediate shard must be a multiple of, or None.
     quantization_unit: tuple | None
     quantized_parts: frozenset
+    # Whether the MoE router (one output per expert) is block-quantised with the rest.
+    quantized_router: bool
     quantization: str
     # Share of the checkpoint's bytes held by routed experts (split by EP rather than TP).
     expert_byte_fraction: float
@@ -266,6 +272,9 @@ def model_shape(config):
         intermediate_sizes=sizes,
         quantization_unit=unit,
         quantized_parts=quantized,
+        quantized_router=bool(
+            experts and unit and "block" in unit[1] and not _is_ignored(PART_MODULES["router"], unquantized)
+        ),
         quantization=name,
         expert_byte_fraction=expert_bytes / total_bytes if total_bytes else 0.0,
     )
@@ -322,6 +331,21 @@ def check_quantization_alignment(shape, layout):
     return True, f"intermediate shards {', '.join(shards)} are multiples of the {unit_text}"
 
 
+def check_router(shape, _layout):
+    if not shape.experts:
+        return True, "no experts, no router"
+    if not shape.quantized_router:
+        return True, f"{shape.experts} outputs, not block-quantised"
+    if shape.experts % BLOCK_MATMUL_MULTIPLE:
+        return False, (
+            f"the router's {shape.experts} outputs (one per expert) are block-quantised with the rest and not a "
+            f"multiple of {BLOCK_MATMUL_MULTIPLE}: vLLM's block-quantised matmul leaves CUTLASS for a Triton kernel "
+            "that fails the first forward pass (AssertionError in triton_scaled_mm); a checkpoint keeps its router "
+            "unquantised (quantization_config.modules_to_not_convert: [gate])"
+        )
+    return True, f"{shape.experts} outputs, block-quantised, a multiple of {BLOCK_MATMUL_MULTIPLE}"
+
+
 def check_expert_parallel(shape, layout):
     if not layout.expert:
         return True, "off" if not shape.experts else f"off: the {shape.experts} experts are split by TP"
@@ -352,6 +376,7 @@ MODEL_RULES = (
     ("attention_heads", check_attention_heads),
     ("kv_heads", check_kv_heads),
     ("quantization_alignment", check_quantization_alignment),
+    ("router", check_router),
     ("expert_parallel", check_expert_parallel),
     ("pipeline", check_pipeline),
 )

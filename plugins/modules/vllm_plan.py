@@ -16,7 +16,8 @@ description:
   - "Rules: attention heads divisible by TP; KV heads divisible by TP, or TP a multiple of them (replication);
     the intermediate shards of routed experts, shared experts and dense MLPs are multiples of the checkpoint's
     quantisation block or group (FP8 128x128 blocks: MiniMax-M2.5 fails at TP 8); MLA (one latent KV head on every
-    rank); expert parallelism (EP = TP x DP, experts divisible by it); pipeline stages; max_model_len within the
+    rank); an FP8-block router whose experts are not a multiple of 16 (vLLM's block matmul fails on it);
+    expert parallelism (EP = TP x DP, experts divisible by it); pipeline stages; max_model_len within the
     model's positions; GPU count; compute capability (the entry's C(requires)); memory (weights per GPU from the
     checkpoint's size, KV cache bytes per token from the config, how many max_model_len sequences fit)."
   - Fails with the rule that broke and the layouts that pass on this host (the entry's alternatives, then TP/DP/EP

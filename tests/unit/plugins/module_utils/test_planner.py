@@ -275,3 +275,19 @@ def test_one_kv_head_is_replicated_at_tp2_and_tp3_fails_for_the_heads(gpu_layout
     kv_heads = next(check["detail"] for check in tp2["checks"] if check["rule"] == "kv_heads")
     assert kv_heads == "each of the 1 KV heads replicated on 2 ranks"
     assert plan(entry, config, three, "tp3")["failed_rules"] == ["attention_heads"]
+
+
+def test_a_block_quantised_router_of_8_experts_is_refused_as_vllm_failed_it(gpu_layout_model, h200s):
+    """The first gpu_moe_fp8 had 8 experts: the planner passed it, and vLLM 0.26 on the H200 failed its profiling
+    pass in triton_scaled_mm (`assert scale_a.shape[1] == 1 ...`, AssertionError), where the 8-wide FP8 router
+    left CUTLASS. With 128 experts it served; so does a router kept unquantised, as MiniMax-M2.5 keeps it."""
+    entry, config = gpu_layout_model("gpu_moe_fp8")
+    eight = {**config, "num_experts": 8, "num_experts_per_tok": 2}
+    refused = plan(entry, eight, h200s(1), "default")
+    assert refused["failed_rules"] == ["router"]
+    assert "the router's 8 outputs (one per expert) are block-quantised" in refused["reason"]
+    assert "AssertionError in triton_scaled_mm" in refused["reason"]
+    kept = {"modules_to_not_convert": ["gate", "lm_head"]}
+    unquantised = {**eight, "quantization_config": {**config["quantization_config"], **kept}}
+    assert plan(entry, unquantised, h200s(1), "default")["ok"]
+    assert plan(entry, config, h200s(1), "default")["ok"]
