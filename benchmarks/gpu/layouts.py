@@ -88,7 +88,7 @@ def verdict(entry: dict, layout: str, gpus: dict) -> dict:
 
 
 # The rules whose findings the table's notes show, passed or not.
-SHOWN_RULES = ("attention_heads", "kv_heads", "quantization_alignment", "expert_parallel")
+SHOWN_RULES = ("attention_heads", "kv_heads", "quantization_alignment", "router", "expert_parallel")
 
 
 def vllm_error(server: Server) -> str | None:
