@@ -284,15 +284,26 @@ def test_bad_serve_flag_fails_fast_with_the_journal(serving):
     assert result["elapsed"] < 120  # the failure, not the 300 s load timeout
 
 
-@pytest.fixture
-def careless_unit(serving):
-    """tiny without a drain (--shutdown-timeout 0) and with KillMode=process, as a hand-written unit might be."""
+@pytest.fixture(scope="module")
+def careless_drop_in(deployed):
+    """tiny without a drain (--shutdown-timeout 0) and with KillMode=process, as a hand-written unit might be:
+    written once for the tests below, and removed after them."""
+    succeeded(service(deployed, "started", load_timeout=300))
     write_drop_in(
-        serving, *exec_start_with(serving, "--shutdown-timeout 10", "--shutdown-timeout 0"), "KillMode=process"
+        deployed, *exec_start_with(deployed, "--shutdown-timeout 10", "--shutdown-timeout 0"), "KillMode=process"
     )
-    restarted = succeeded(service(serving, "restarted", load_timeout=300))
+    restarted = succeeded(service(deployed, "restarted", load_timeout=300))
     assert restarted["daemon_reloaded"]
-    return serving
+    yield deployed
+    deployed.sh(f"rm -rf {UNIT_FILE}.d")
+    succeeded(service(deployed, "restarted", load_timeout=300))
+
+
+@pytest.fixture
+def careless_unit(careless_drop_in):
+    """The careless tiny, serving: started again when a test before stopped it."""
+    succeeded(service(careless_drop_in, "started", load_timeout=300))
+    return careless_drop_in
 
 
 def test_without_drain_in_flight_requests_are_aborted_and_reported(careless_unit):
