@@ -54,10 +54,11 @@ EXCEPTION = re.compile(r"\b(\w+(?:Error|Exception)(?:: .+)?|Value error, .+)$")
 
 
 def write_models(tokenizer: Path):
-    """Each entry's config.json, with the bundle's tokenizer, into the entry's source path."""
+    """Each entry's config.json, with the bundle's tokenizer and its token ids, into the entry's source path."""
+    bundle = json.loads((tokenizer / "config.json").read_text())
+    token_ids = {key: bundle[key] for key in ("bos_token_id", "eos_token_id", "pad_token_id")}
     for name, config in CONFIGS.items():
-        tokens = json.loads((tokenizer / "config.json").read_text())
-        config = {**config, **{key: tokens[key] for key in ("bos_token_id", "eos_token_id", "pad_token_id")}}
+        config = {**config, **token_ids}
         directory = Path(load_entry(name)["source"]["path"])
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "config.json").write_text(json.dumps(config, indent=2))
