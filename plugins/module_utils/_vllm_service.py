@@ -190,18 +190,13 @@ class Lifecycle:
         report = {"in_flight": None, "drain": None, "aborted_requests": 0, "terminate": None, "escalated": False}
         report.update(killed=[], api_server_hang=None)
         if not before.stopped:
-            drain = settings.drain_timeout if settings.drain_timeout is not None else server_drain_timeout(before)
             serving = before.active_state == "active"
-            in_flight = report["in_flight"] = requests_in_engine(settings.url) if serving else None
+            report["in_flight"] = requests_in_engine(settings.url) if serving else None
             engine = self._engine_processes(before)
             self.unit.stop()
             sigterm_at = time.monotonic()
-            # An unreadable count (None: a busy server) may hide requests: watch the drain all the same.
-            if serving and drain > 0 and in_flight != 0:
-                report["drain"] = self._drain(in_flight, drain)
-                report["aborted_requests"] = report["drain"]["remaining"] or 0
-            elif in_flight:
-                report["aborted_requests"] = in_flight
+            if serving:
+                self._drain_in_flight(report, before)
             # Without a main process (killed, crashed) nothing in the cgroup will exit on SIGTERM: what is
             # left there once the unit stops is orphaned, and the orphan step below deals with it.
             report["terminate"] = self._wait_stopped(before, settings.stop_timeout, engine, sigterm_at)
@@ -219,6 +214,19 @@ class Lifecycle:
         """The engine core and workers of a running unit, read before it is asked to stop."""
         found = (read_process(pid, self.proc) for pid in self.unit.pids(state) if pid != state.main_pid)
         return [process for process in found if process and is_engine(process)]
+
+    def _drain_in_flight(self, report: dict, before: UnitState):
+        """Watch report's `in_flight` requests drain, up to the drain timeout; what is left counts as aborted.
+
+        An unreadable count (None: a busy server) may hide requests: the drain is watched all the same.
+        """
+        settings = self.settings
+        drain = settings.drain_timeout if settings.drain_timeout is not None else server_drain_timeout(before)
+        if drain > 0 and report["in_flight"] != 0:
+            report["drain"] = self._drain(report["in_flight"], drain)
+            report["aborted_requests"] = report["drain"]["remaining"] or 0
+        else:
+            report["aborted_requests"] = report["in_flight"] or 0
 
     def _drain(self, in_flight: int | None, drain: float) -> dict:
         """Watch the engine's requests until none is left, the server exits, or the drain time ends."""
@@ -332,13 +340,8 @@ class Lifecycle:
         """
         settings = self.settings
         started = time.monotonic()
-        drain = settings.drain_timeout if settings.drain_timeout is not None else server_drain_timeout(before)
         report = {"level": SLEEP_LEVEL, "in_flight": requests_in_engine(settings.url), "drain": None}
-        if drain > 0 and report["in_flight"] != 0:
-            report["drain"] = self._drain(report["in_flight"], drain)
-            report["aborted_requests"] = report["drain"]["remaining"] or 0
-        else:
-            report["aborted_requests"] = report["in_flight"] or 0
+        self._drain_in_flight(report, before)
         asked = time.monotonic()
         # Moving the weights out takes about as long as reading them in: the load's bound holds for it.
         reply = post(settings.url, f"/sleep?level={SLEEP_LEVEL}&mode=abort", timeout=settings.load_timeout)
