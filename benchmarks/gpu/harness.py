@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import re
@@ -190,8 +191,9 @@ class Server:
     ):  # fmt: skip
         """`entry`, `layout` and `gpus`: another catalog entry than --entry (served from its own source path), a
         layout other than its own, and the GPUs its instance holds (CUDA_VISIBLE_DEVICES, as the role renders it)."""
-        model_dir = load_entry(entry)["source"]["path"] if entry else args.model_dir
-        entry = {**load_entry(entry or args.entry), "sleep_mode": sleep_mode}
+        chosen = load_entry(entry or args.entry)
+        model_dir = chosen["source"]["path"] if entry else args.model_dir
+        entry = {**chosen, "sleep_mode": sleep_mode}
         extra_args = list(entry["extra_args"]) + (["--enforce-eager"] if eager else [])
         spec = serve_spec(
             {**entry, "extra_args": extra_args}, layout or entry["layout"], model_dir, host or "127.0.0.1", port
@@ -203,8 +205,8 @@ class Server:
             "device": args.device,
             "env": entry["env"],
             "cuda_visible_devices": ",".join(gpus or []),
+            "sleep_mode": sleep_mode,
         }
-        settings["sleep_mode"] = sleep_mode
         environment = build_server_environment(settings)
         self.argv = [args.python, *LAUNCHER, *build_serve_args(spec)]
         self.env = {**server_env_base(args), **environment}
@@ -372,19 +374,22 @@ def watch_engine_and_main(server: Server, args, since: float, timeout: float) ->
     }
 
 
-def module_command(name: str, **module_args) -> tuple[list, dict]:
-    """How Ansible runs one of the collection's modules on a host: the command and its environment."""
+@contextlib.contextmanager
+def module_command(name: str, **module_args):
+    """How Ansible runs one of the collection's modules on a host: the command and its environment, for as long
+    as the command runs (its arguments file is removed afterwards)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [COLLECTIONS, os.environ.get("PYTHONPATH")]))}
     # In a file, as Ansible passes them: AnsibleModule takes a long argument for a path and fails on its length.
-    with tempfile.NamedTemporaryFile("w", prefix=f"{name}-args-", suffix=".json", delete=False) as args_file:
+    with tempfile.NamedTemporaryFile("w", prefix=f"{name}-args-", suffix=".json") as args_file:
         json.dump({"ANSIBLE_MODULE_ARGS": module_args}, args_file)
-    return [sys.executable, "-m", f"{MODULES}.{name}", args_file.name], env
+        args_file.flush()
+        yield [sys.executable, "-m", f"{MODULES}.{name}", args_file.name], env
 
 
 def run_module(name: str, **module_args) -> dict:
     """One of the collection's modules, run as Ansible runs it on a host: its JSON result."""
-    command, env = module_command(name, **module_args)
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    with module_command(name, **module_args) as (command, env):
+        proc = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     try:
         return json.loads(proc.stdout)
     except ValueError:
@@ -450,14 +455,14 @@ def release_latency(args, gib: float = 64.0, runs: int = 3) -> list:
         if holder.stdout.readline().strip() != "held":
             holder.kill()
             return [*figures, {"error": "the holder did not start"}]
-        command, env = module_command("gpu_memory_wait", gpus=["0"], timeout=30, interval=0.02, consecutive=1)
-        waiting = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)  # pylint: disable=consider-using-with
-        time.sleep(2)
-        holder.send_signal(signal.SIGKILL)
-        holder.wait()
-        reaped = time.monotonic()
-        out, _err = waiting.communicate(timeout=60)
-        answered = time.monotonic()
+        with module_command("gpu_memory_wait", gpus=["0"], timeout=30, interval=0.02, consecutive=1) as (command, env):
+            waiting = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)  # pylint: disable=consider-using-with
+            time.sleep(2)
+            holder.send_signal(signal.SIGKILL)
+            holder.wait()
+            reaped = time.monotonic()
+            out, _err = waiting.communicate(timeout=60)
+            answered = time.monotonic()
         result = json.loads(out)
         figures.append(
             {
@@ -640,20 +645,24 @@ def measure_bench(args, results: Results, servers: dict):
     results.add("serve_bench", "stop", server.stop())
 
 
+def bench_level(server: Server, concurrency: int, requests: int, seed: int) -> dict:
+    """One level of the vllm_bench module against the server, random 128 tokens in and 128 out."""
+    result = run_module(
+        "vllm_bench", url=server.url, model=server.served_name, concurrency=[concurrency], num_requests=requests,
+        input_len=128, output_len=128, tokenizer=server.model_dir, warmup_requests=1, seed=seed,
+    )  # fmt: skip
+    if result.get("failed"):
+        raise RuntimeError(f"vllm_bench C={concurrency}: {result.get('msg')}")
+    return result["levels"][0]
+
+
 def bench_round(args, server: Server, client: str, levels, seed: int) -> list:
     """One client over every level, each level's run with the server's own counters around it."""
     if client == "vllm_bench":
         measured = []
         for concurrency, requests in levels:
             before = compare_counters(server)
-            result = run_module(
-                "vllm_bench", url=server.url, model=server.served_name, concurrency=[concurrency],
-                num_requests=requests, input_len=128, output_len=128, tokenizer=args.model_dir,
-                warmup_requests=1, seed=seed + concurrency,
-            )  # fmt: skip
-            if result.get("failed"):
-                raise RuntimeError(f"vllm_bench C={concurrency}: {result.get('msg')}")
-            level = result["levels"][0]
+            level = bench_level(server, concurrency, requests, seed + concurrency)
             level.update(server_view(before, compare_counters(server)))
             measured.append(level)
         return measured

@@ -33,7 +33,7 @@ import shutil
 import time
 from pathlib import Path
 
-from harness import HERE, Results, Server, load_entry, run_module, timed
+from harness import HERE, Results, Server, bench_level, load_entry, run_module, timed
 
 from ansible_collections.llmops.vllm.plugins.module_utils._nvidia import topology
 from ansible_collections.llmops.vllm.plugins.module_utils._serve_command import layout_gpu_count
@@ -105,18 +105,8 @@ GENERIC_CAUSES = ("RuntimeError: Engine core initialization failed", "Validation
 
 
 def bench(server: Server, levels) -> list:
-    figures = []
-    for concurrency, requests in levels:
-        result = run_module(
-            "vllm_bench", url=server.url, model=server.served_name, concurrency=[concurrency],
-            num_requests=requests, input_len=128, output_len=128, tokenizer=server.model_dir,
-            warmup_requests=1, seed=concurrency,
-        )  # fmt: skip
-        if result.get("failed"):
-            raise RuntimeError(f"vllm_bench C={concurrency}: {result.get('msg')}")
-        level = result["levels"][0]
-        figures.append({key: level.get(key) for key in BENCH_FIELDS})
-    return figures
+    levels = [bench_level(server, concurrency, requests, seed=concurrency) for concurrency, requests in levels]
+    return [{key: level.get(key) for key in BENCH_FIELDS} for level in levels]
 
 
 BENCH_FIELDS = ("max_concurrency", "completed", "failed", "output_throughput", "median_ttft_ms", "median_itl_ms")
@@ -143,11 +133,11 @@ def run_layout(args, results: Results, entry_name: str, layout_name: str, port: 
         if found["vllm"] == "serves":
             found["bench"] = bench(server, args.levels)
             found["stop_s"], found["stop"] = timed(server.stop)
-        if found["vllm"] == "serves" and args.device == "cuda":
-            found["memory_back_s"], memory = timed(
-                lambda: run_module("gpu_memory_wait", gpus=["all"], baseline=baseline, timeout=60, interval=0.05)
-            )
-            found["memory_back"] = {field: memory.get(field) for field in ("failed", "msg", "elapsed", "used_mib")}
+            if args.device == "cuda":
+                found["memory_back_s"], memory = timed(
+                    lambda: run_module("gpu_memory_wait", gpus=["all"], baseline=baseline, timeout=60, interval=0.05)
+                )
+                found["memory_back"] = {field: memory.get(field) for field in ("failed", "msg", "elapsed", "used_mib")}
     finally:
         server.unit.kill_session()
         results.add("layouts", key, found)
@@ -178,8 +168,10 @@ def markdown(data: dict) -> str:
         if not isinstance(row, dict) or "here" not in row:
             continue
         entry, layout = key.split(":")
-        here = "passes" if row["here"]["ok"] else "refuses: " + ", ".join(row["here"]["failed_rules"])
-        two = "passes" if row["two_gpus"]["ok"] else "refuses: " + ", ".join(row["two_gpus"]["failed_rules"])
+        here, two = (
+            "passes" if plan["ok"] else "refuses: " + ", ".join(plan["failed_rules"])
+            for plan in (row["here"], row["two_gpus"])
+        )
         agree = "yes" if row["here"]["ok"] == (row.get("vllm") == "serves") else "**no**"
         said = f"ready in {row.get('ready_s')} s" if row.get("vllm") == "serves" else f"`{row.get('vllm_error')}`"
         lines.append(f"| {entry} | {layout} | {here} | {two} | {row.get('vllm')} | {agree} | {said} |")
