@@ -73,17 +73,27 @@ unit: venv ## pytest unit tests
 	pytest tests/unit
 
 .PHONY: molecule
-molecule: venv wheelhouse ## deploy.yml on three fresh hosts (check, idempotence, verify), then the fleet playbooks
+molecule: venv wheelhouse ## deploy.yml on two fresh hosts (check, idempotence, verify), then the fleet playbooks
 	scripts/local-host.sh image
 	molecule test --scenario-name default
 
+# qemu-user runs the install check as a CPU with AVX2 alone would (tests/integration/test_install.py).
+.PHONY: emulator
+emulator:
+	command -v qemu-x86_64-static >/dev/null \
+	  || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q qemu-user-static; }
+
 .PHONY: integration
-integration: venv wheelhouse ## The modules and playbooks against a real local host serving tiny (tests/integration)
+integration: venv wheelhouse emulator ## The modules and playbooks against a real local host serving tiny (tests/integration)
 	scripts/local-host.sh image
 	pytest tests/integration --durations=12
 
+.PHONY: cpu
+cpu: ## Print this machine's CPU and the ISA level that vLLM's CPU build sees (AVX2, AVX-512, AMX)
+	@python3 scripts/cpu-isa.py
+
 .PHONY: test
-test: lint sanity unit molecule integration ## Everything CI runs
+test: cpu lint sanity unit molecule integration ## Everything CI runs
 
 .PHONY: clean
 clean: ## Remove the local host, the venv and build files (the wheelhouse and image stay cached)

@@ -46,6 +46,10 @@ class LocalHost:
             raise AssertionError(f"{script!r} failed with rc {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
         return proc
 
+    def copy_in(self, source: str, destination: str) -> None:
+        """Copy a file of this machine onto the host."""
+        subprocess.run(["podman", "cp", source, f"{self.name}:{destination}"], check=True, timeout=60)
+
     def spawn(self, script: str) -> None:
         """Start a bash script on the host in the background, as a transient systemd service."""
         self.sh(f"systemd-run --quiet --collect bash -c {shlex.quote(script)}", timeout=60)

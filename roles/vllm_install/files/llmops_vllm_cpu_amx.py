@@ -8,15 +8,21 @@ instruction (SIGILL). vLLM's CPU build runs its own AMX kernels (bf16 attention 
 oneDNN asks for itself, but only once it picks AMX, which it does for larger batches. A worker whose first
 batch is small (a prompt of one or two tokens) therefore dies of SIGILL. vLLM calls every
 `vllm.general_plugins` entry point in each of its processes, workers included, before any model runs:
-asking here makes every first batch safe. Elsewhere (no AMX, another architecture) it does nothing.
+asking here makes every first batch safe. Elsewhere (no AMX, another architecture) it asks for nothing, and
+says so in the process's log, as it says what the kernel answered where it asks.
 """
 
 import ctypes
+import logging
+import os
 import platform
 
 SYS_ARCH_PRCTL = 158  # x86-64
 ARCH_REQ_XCOMP_PERM = 0x1023
 XFEATURE_XTILEDATA = 18
+
+# A child of vLLM's logger, so that its lines reach the unit's journal in vLLM's format.
+logger = logging.getLogger("vllm.llmops_vllm_cpu_amx")
 
 
 def has_amx(cpuinfo_path="/proc/cpuinfo"):
@@ -28,8 +34,12 @@ def has_amx(cpuinfo_path="/proc/cpuinfo"):
 
 
 def request_amx_permission():
-    """Ask the kernel for AMX tile data; True when granted, False where there is none to ask for."""
+    """Ask the kernel for AMX tile data; True when granted, False where there is none to ask for or it refused."""
     if platform.machine() != "x86_64" or not has_amx():
+        logger.info("llmops.vllm: this CPU has no AMX; no AMX permission to ask for (harmless)")
         return False
     libc = ctypes.CDLL(None, use_errno=True)
-    return libc.syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0
+    if libc.syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0:
+        logger.warning("llmops.vllm: the kernel refused AMX tile data: %s", os.strerror(ctypes.get_errno()))
+        return False
+    return True

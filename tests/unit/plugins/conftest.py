@@ -176,3 +176,67 @@ def serve():
     for httpd in servers:
         httpd.shutdown()
         httpd.server_close()
+
+
+# A stand-in for vLLM and torch in a venv, for the tests of the import check's own program (CHECK in
+# module_utils/_vllm_native_ops.py). Its vllm._custom_ops loads a real shared library as vllm/<library> and does
+# what the test asks of vLLM's; real vLLM runs the same check in the molecule and integration tests.
+FAKE_TORCH = """
+import types
+ops = types.SimpleNamespace(_C=types.SimpleNamespace())
+cpu = types.SimpleNamespace(_is_avx2_supported=lambda: True, _is_avx512_supported=lambda: False,
+                            _is_avx512_bf16_supported=lambda: False, _is_amx_tile_supported=lambda: False)
+empty = lambda *shape: [0.0]
+ones = lambda *shape: [1.0]
+allclose = lambda a, b: a == b
+"""
+FAKE_CUSTOM_OPS = """
+import ctypes, logging, os, signal, torch
+ctypes.CDLL({library!r})
+if {warning!r}:
+    logging.getLogger("vllm.platforms.cpu").warning({warning!r})
+if {signal!r}:
+    os.kill(os.getpid(), {signal!r})
+if {registers!r}:
+    def rms_norm(out, x, weight, epsilon):
+        out[0] = {result!r}
+    torch.ops._C.rms_norm = rms_norm
+"""
+
+
+@pytest.fixture
+def fake_vllm_venv(tmp_path):
+    """`fake_vllm_venv(**how)`: a venv directory whose bin/python imports the stand-in. `how`: the vLLM
+    `version`, the `device` it chooses, the `library` it loads, whether it `registers` rms_norm and its
+    `result`, a `warning` it logs, a `signal` it dies of."""
+    import _ctypes
+
+    def make(version="0.32.0+cpu", device="cpu", library="_C_AVX2.abi3.so", registers=True, result=1.0,
+             warning="", signal=0):  # fmt: skip
+        site = tmp_path / "site"
+        (site / "vllm" / "platforms").mkdir(parents=True)
+        (site / "torch").mkdir()
+        (site / "torch" / "__init__.py").write_text(FAKE_TORCH)
+        (site / "vllm" / "__init__.py").write_text(f"__version__ = {version!r}\n")
+        (site / "vllm" / "platforms" / "__init__.py").write_text(
+            f"import types\ncurrent_platform = types.SimpleNamespace(device_type={device!r})\n"
+        )
+        (site / "vllm" / library).write_bytes(Path(_ctypes.__file__).read_bytes())
+        (site / "vllm" / "_custom_ops.py").write_text(
+            FAKE_CUSTOM_OPS.format(
+                library=str(site / "vllm" / library), warning=warning, signal=signal, registers=registers, result=result
+            )
+        )
+        (site / "amx_plugin.py").write_text("def ask():\n    return False\n")
+        (site / "amx_plugin-1.0.dist-info").mkdir()
+        (site / "amx_plugin-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: amx-plugin\n")
+        (site / "amx_plugin-1.0.dist-info" / "entry_points.txt").write_text(
+            "[vllm.general_plugins]\nllmops_amx_permission = amx_plugin:ask\n"
+        )
+        python = tmp_path / "venv" / "bin" / "python"
+        python.parent.mkdir(parents=True)
+        python.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} "$@"\n')
+        python.chmod(0o755)
+        return str(tmp_path / "venv")
+
+    return make

@@ -5,6 +5,7 @@ plugin's request is an illegal instruction; after it, it runs. Skipped where the
 """
 
 import importlib.util
+import logging
 import signal
 import subprocess
 import sys
@@ -53,15 +54,27 @@ def test_amx_runs_once_the_plugin_has_asked():
     assert (proc.returncode, proc.stdout) == (0, "AMX ran\n"), proc.stderr
 
 
-def test_has_amx_reads_the_flags_of_cpuinfo(tmp_path):
+@pytest.mark.parametrize(
+    ("flags", "amx"),
+    [
+        ("fpu avx avx2 bmi2", False),  # AVX2 alone (an AMD EPYC seen here)
+        ("fpu avx2 avx512f avx512bw avx512vl", False),  # AVX-512
+        ("fpu avx2 avx512f avx512bw avx512vl avx512_bf16", False),  # AVX-512 with BF16
+        ("fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8", True),  # AMX
+    ],
+)
+def test_has_amx_reads_the_flags_of_cpuinfo_at_each_isa_level(tmp_path, flags, amx):
     cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx512f amx_bf16 amx_tile amx_int8\n")
-    assert plugin.has_amx(str(cpuinfo))
-    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16\n")
-    assert not plugin.has_amx(str(cpuinfo))
+    cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+    assert plugin.has_amx(str(cpuinfo)) is amx
+
+
+def test_a_missing_cpuinfo_has_no_amx(tmp_path):
     assert not plugin.has_amx(str(tmp_path / "absent"))
 
 
-def test_without_amx_the_plugin_asks_for_nothing(monkeypatch):
+def test_without_amx_the_plugin_asks_for_nothing_and_says_so(monkeypatch, caplog):
     monkeypatch.setattr(plugin, "has_amx", lambda: False)
+    caplog.set_level(logging.INFO, logger="vllm")
     assert plugin.request_amx_permission() is False
+    assert caplog.messages == ["llmops.vllm: this CPU has no AMX; no AMX permission to ask for (harmless)"]

@@ -135,7 +135,7 @@ def test_holders_are_described_from_proc(idle_process):
     gone = subprocess.Popen(["true"])
     gone.wait()
     processes = [
-        GpuProcess("GPU-aaaa2222-0000", idle_process.pid, "python3", 9216),
+        GpuProcess("GPU-aaaa2222-0000", idle_process.pid, idle_process.args[0], 9216),
         GpuProcess("GPU-aaaa2222-0000", gone.pid, "VLLM::Worker", None),
         GpuProcess("GPU-cccc-not-waited-for", os.getpid(), "python3", 100),
     ]

@@ -1,6 +1,7 @@
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from ansible.module_utils import basic
@@ -75,11 +76,12 @@ def test_baseline_and_margin(run):
 
 
 def test_timeout_names_each_process_on_each_gpu(run, idle_process):
-    processes = [GpuProcess(SECOND.uuid, idle_process.pid, "python3", 9000)]
+    processes = [GpuProcess(SECOND.uuid, idle_process.pid, idle_process.args[0], 9000)]
     result = run(ScriptedBackend([(0, 9216)], processes), {"owner_unit": "vllm-a.service", **FAST}, fails=True)
     assert result["msg"].startswith("GPU memory still in use after ")
+    name = Path(f"/proc/{idle_process.pid}/comm").read_text().strip()  # /proc's name for it, as the module gives it
     assert (
-        f"GPU 1 ({SECOND.uuid}) uses 9216 MiB, more than 1024 MiB: PID {idle_process.pid} python3 (9000 MiB, "
+        f"GPU 1 ({SECOND.uuid}) uses 9216 MiB, more than 1024 MiB: PID {idle_process.pid} {name} (9000 MiB, "
         "in no systemd unit, not the unit's): " in result["msg"]
     )
     assert result["processes"][0]["pid"] == idle_process.pid and result["processes"][0]["belongs_to_unit"] is False
@@ -106,7 +108,7 @@ class HeldWhileAlive(ScriptedBackend):
     """GPU 0 is used while a real process lives, as the driver frees memory when its holder exits."""
 
     def __init__(self, process):
-        super().__init__([(0, 0)], [GpuProcess(H200.uuid, process.pid, "python3", 9216)])
+        super().__init__([(0, 0)], [GpuProcess(H200.uuid, process.pid, process.args[0], 9216)])
         self.process = process
 
     def gpus(self):
@@ -132,7 +134,7 @@ def test_check_mode_terminates_nothing(run, leftover):
 
 
 def test_leftovers_are_only_vllm_processes(run, idle_process):
-    backend = ScriptedBackend([(9216, 0)], [GpuProcess(H200.uuid, idle_process.pid, "python3", 9216)])
+    backend = ScriptedBackend([(9216, 0)], [GpuProcess(H200.uuid, idle_process.pid, idle_process.args[0], 9216)])
     result = run(backend, {"gpus": ["0"], "terminate_leftovers": True, **FAST}, fails=True)
     assert result["changed"] is False and "terminated" not in result
     assert f"PID {idle_process.pid}" in result["msg"]
