@@ -97,6 +97,10 @@ def check_slo(slo) -> dict:
     return dict(slo)
 
 
+def _indent(expr: str) -> str:
+    return "\n".join("  " + line for line in expr.splitlines())
+
+
 def _rule(name: str, expr: str, hold: str, severity: str, summary: str, description: str, **labels) -> dict:
     rule = {"alert": name, "expr": expr}
     if hold not in ("0s", "0m"):
@@ -133,7 +137,8 @@ def instance_rules(settings: dict) -> list[dict]:
         ),
         _rule(
             "VllmEngineHung",
-            f"({queries.requests_in_engine()}) > 0 and ({queries.tokens_processed(hung['window'])}) == 0",
+            f"(\n{_indent(queries.requests_in_engine())}\n) > 0\n"
+            f"and (\n{_indent(queries.tokens_processed(hung['window']))}\n) == 0",
             hung["for"],
             "critical",
             f"The vLLM engine of {INSTANCE} makes no progress",
@@ -153,7 +158,7 @@ def instance_rules(settings: dict) -> list[dict]:
         _rule(
             "VllmQueueGrowing",
             f"({queries.requests_waiting()}) >= {queue['min_waiting']:g}"
-            f" and ({queries.waiting_growth(queue['window'])}) > 0",
+            f"\nand ({queries.waiting_growth(queue['window'])}) > 0",
             queue["for"],
             "warning",
             f"The queue of {INSTANCE} keeps growing",

@@ -68,7 +68,7 @@ class Queries:
         return self._sum(self.select(REQUESTS_WAITING))
 
     def requests_in_engine(self) -> str:
-        return f"{self.requests_running()} + {self.requests_waiting()}"
+        return f"{self.requests_running()}\n+ {self.requests_waiting()}"
 
     def waiting_growth(self, window: str) -> str:
         """Requests per second by which the queue grew over `window` (a least-squares slope)."""
@@ -92,7 +92,7 @@ class Queries:
     def tokens_processed(self, window: str) -> str:
         """Prompt and generated tokens that the engine processed within `window`: 0 when it made no progress."""
         counters = (GENERATION_TOKENS, PROMPT_TOKENS)
-        return " + ".join(self._sum(f"increase({self.select(metric)}[{window}])") for metric in counters)
+        return "\n+ ".join(self._sum(f"increase({self.select(metric)}[{window}])") for metric in counters)
 
     def requests_finished_per_second(self) -> str:
         """Finished requests per second, by why they finished (stop, length, abort)."""
