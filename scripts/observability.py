@@ -1,17 +1,17 @@
-#!/usr/bin/env python3
+# Copyright: llmops.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Write the collection's alert rules and Grafana dashboard, generated from their one definition, to observability/.
 
-usage: scripts/observability.py            write observability/alert-rules.yml and grafana-dashboard.json
-       scripts/observability.py --check    exit 1, naming the files, when they differ from what would be written
+usage: .venv/bin/python scripts/observability.py      (after `make venv`)
 
-The rules file holds the default durations and thresholds and no SLO (an SLO is a catalog entry's): the
-vllm_prometheus role writes one with your settings and your catalog's SLOs. `make venv` first.
+tests/unit/observability/test_alert_rules.py fails while the files differ from what this writes. The rules file
+holds the default durations and thresholds and no SLO (an SLO is a catalog entry's): the vllm_prometheus role
+writes one with your settings and your catalog's SLOs.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import yaml
@@ -51,23 +51,11 @@ def generated() -> dict[Path, str]:
     }
 
 
-def main(argv: list[str]) -> int:
-    files = generated()
-    if argv == ["--check"]:
-        stale = [path for path, text in files.items() if not path.exists() or path.read_text() != text]
-        for path in stale:
-            print(
-                f"{path.relative_to(ROOT)} differs from its definition: run scripts/observability.py", file=sys.stderr
-            )
-        return 1 if stale else 0
-    if argv:
-        print(__doc__, file=sys.stderr)
-        return 2
-    for path, text in files.items():
+def main() -> None:
+    for path, text in generated().items():
         path.write_text(text)
         print(path.relative_to(ROOT))
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    main()

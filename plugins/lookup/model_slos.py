@@ -12,7 +12,7 @@ description:
   - Reads every entry of the catalog, the directories in O(paths) first and then the collection's own C(models/)
     (an entry in O(paths) overrides the collection's of the same name), checks each, and returns the C(slo) of
     those that set one, by model name.
-  - The C(vllm_prometheus) role makes an alert rule of each (M(llmops.vllm.vllm_alert_rules#filter)).
+  - The C(vllm_prometheus) role makes an alert rule of each (P(llmops.vllm.vllm_alert_rules#filter)).
   - Takes no terms.
 options:
   paths:

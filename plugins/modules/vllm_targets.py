@@ -11,7 +11,7 @@ version_added: 0.4.0
 author: llmops.vllm contributors (@llmops-vllm)
 description:
   - Reads the host's instance records (M(llmops.vllm.vllm_instance) writes them) and the state of their units, and
-    returns the Prometheus targets of the instances that systemd is to run (unit enabled, or running): file-based
+    returns the Prometheus targets of the instances that systemd is to run (unit enabled, or running), as file-based
     service discovery groups, one target each, with the labels C(host), C(vllm_instance), C(model),
     C(served_name), C(gpus) and C(vllm_version). An instance that a stop or a swap has stopped and disabled is no
     target. The address comes from the record, the one writer of the instance's URL.

@@ -52,7 +52,7 @@ def test_the_shipped_files_are_what_their_definition_generates():
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     for path, text in script.generated().items():
-        assert path.read_text() == text, f"{path.name} is stale: run scripts/observability.py"
+        assert path.read_text() == text, f"{path.name} is stale: run .venv/bin/python scripts/observability.py"
 
 
 def test_promtool_accepts_the_rules(promtool, tmp_path):
