@@ -23,7 +23,7 @@ description:
     processes within 2 s of the engine's exit, and says so.
   - After a stop it looks for processes of the instance that outlived the unit (vLLM's EngineCore, workers
     and resource tracker of the last main process's session, or processes left in the unit's cgroup by
-    C(KillMode=process)), reports them and, with O(kill_orphans), ends them with SIGTERM then SIGKILL.
+    C(KillMode=process)), reports them and ends them with SIGTERM then SIGKILL (O(kill_orphans)).
   - Runs C(systemctl daemon-reload) first when the unit's files changed on disk, including a drop-in added
     or removed since systemd loaded the unit (which systemd itself does not notice).
   - Returns the duration of each phase.
@@ -112,9 +112,12 @@ options:
     type: float
     default: 10
   kill_orphans:
-    description: End the orphans found after a stop (SIGTERM, then SIGKILL after O(orphan_grace)).
+    description:
+      - End the orphans found after a stop (SIGTERM, then SIGKILL after O(orphan_grace)). An orphan may hold
+        GPU memory that the next start on those GPUs needs.
+      - V(false) reports them and leaves them running.
     type: bool
-    default: false
+    default: true
   orphan_grace:
     description: Seconds between SIGTERM and SIGKILL for orphans.
     type: float
@@ -153,7 +156,6 @@ EXAMPLES = r"""
     state: stopped
     drain_timeout: 60
     stop_timeout: 30
-    kill_orphans: true
   register: stopped
 
 - name: Show where the stop's time went
@@ -340,6 +342,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._instance_record impor
     api_key,
     find,
 )
+from ansible_collections.llmops.vllm.plugins.module_utils._service_steps import Refused, Steps, condition, steps_to
 from ansible_collections.llmops.vllm.plugins.module_utils._unit import Unit, UnitError, needs_daemon_reload
 from ansible_collections.llmops.vllm.plugins.module_utils._vllm_api import check_base_url, is_sleeping
 from ansible_collections.llmops.vllm.plugins.module_utils._vllm_service import Lifecycle, ServiceError, Settings
@@ -424,6 +427,39 @@ def engine_death_summary(death: str, restarts: int) -> str:
     return f"its last run ended because {death}{restarted}"
 
 
+def run_steps(steps: Steps, lifecycle: Lifecycle, before, result: dict) -> list[str]:
+    """Carry out the steps, their reports into `result`; what each did, in words."""
+    messages = []
+    served_name = lifecycle.settings.served_name
+    if steps.stop:
+        stop = result["stop"] = lifecycle.stop(before)
+        result["changed"] |= bool(stop["orphans"]["terminated"] + stop["orphans"]["killed"])
+        messages.append(stop_summary(stop))
+    if steps.start:
+        # After a stop, the start follows the unit's new state (its run ended, a new invocation will begin).
+        start = result["start"] = lifecycle.start(lifecycle.unit.state() if steps.stop else before)
+        messages.append(
+            f"serving {served_name!r} {start['elapsed']:g} s after the start"
+            f" (systemd {start['systemd_start']:g} s, model load {start['load']:g} s)"
+        )
+    if steps.wake:
+        wake = result["wake"] = lifecycle.wake()
+        messages.append(
+            f"woke in {wake['wake']:g} s; serving {served_name!r} {wake['elapsed']:g} s after the wake-up"
+            " (a completion of one token answered)"
+        )
+    if steps.wait_ready:
+        waited = lifecycle.wait_ready()
+        if not steps.sleep:
+            messages.append(f"already running; serving {served_name!r} ({waited['elapsed']:g} s wait)")
+    if steps.sleep:
+        report = result["sleep"] = lifecycle.sleep(before)
+        drained = f"; drained {report['drain']['elapsed']:g} s" if report["drain"] else ""
+        aborted = f"; {report['aborted_requests']} requests aborted" if report["aborted_requests"] else ""
+        messages.append(f"asleep in {report['sleep']:g} s (level {report['level']}){drained}{aborted}")
+    return messages
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -438,7 +474,7 @@ def main():
             "drain_timeout": {"type": "float"},
             "stop_timeout": {"type": "float"},
             "kill_timeout": {"type": "float", "default": 10},
-            "kill_orphans": {"type": "bool", "default": False},
+            "kill_orphans": {"type": "bool", "default": True},
             "orphan_grace": {"type": "float", "default": 5},
             "poll_interval": {"type": "float", "default": 1},
             "journal_lines": {"type": "int", "default": 40},
@@ -489,54 +525,23 @@ def main():
         death = unit.last_engine_death(before.stopped) if before.restarts or not running else None
         result.update(restarts=before.restarts, engine_death=death)
         messages = [engine_death_summary(death, before.restarts)] if death else []
-        if state == "asleep" and not running:
-            module.fail_json(
-                msg=f"{name} is {before.active_state}: only a running server can go to sleep; start it first",
-                **{**result, "elapsed": elapsed(started)},
-            )
         # A server that sleeps answers /health: only its own word says whether it serves.
-        sleeping = lifecycle.asleep() if state == "asleep" else running and is_sleeping(settings.url)
+        sleeping = (lifecycle.asleep() if state == "asleep" else is_sleeping(settings.url)) if running else None
+        now = condition(before, sleeping)
+        try:
+            steps = steps_to(state, now)
+        except Refused as refused:
+            module.fail_json(
+                msg=f"{name} is {before.active_state}: {refused}", **{**result, "elapsed": elapsed(started)}
+            )
         if module.check_mode:
-            would_stop = state == "restarted" or (state == "stopped" and not before.stopped)
-            would_start = state == "restarted" or (state == "started" and not running)
-            would_wake_or_sleep = (state == "started" and bool(sleeping)) or (state == "asleep" and not sleeping)
-            orphans = [] if would_stop or state in ("started", "asleep") else lifecycle.find_orphans(before)
-            would_end_orphans = bool(orphans and settings.kill_orphans)
-            result["changed"] |= would_stop or would_start or would_wake_or_sleep or would_end_orphans
+            orphans = lifecycle.find_orphans(before) if steps.orphans_now else []
+            result["changed"] |= steps.changes or bool(orphans and settings.kill_orphans)
             result["orphans"] = [process.as_dict() for process in orphans]
         else:
-            if state in ("stopped", "restarted"):
-                result["stop"] = lifecycle.stop(before)
-                killed_orphans = result["stop"]["orphans"]["terminated"] + result["stop"]["orphans"]["killed"]
-                result["changed"] |= not before.stopped or bool(killed_orphans)
-                messages.append(stop_summary(result["stop"]))
-            if state == "restarted" or (state == "started" and not running):
-                result["start"] = lifecycle.start(unit.state() if state == "restarted" else before)
-                result["changed"] = True
-                start = result["start"]
-                messages.append(
-                    f"serving {settings.served_name!r} {start['elapsed']:g} s after the start"
-                    f" (systemd {start['systemd_start']:g} s, model load {start['load']:g} s)"
-                )
-            elif state == "started" and sleeping:
-                wake = result["wake"] = lifecycle.wake()
-                result["changed"] = True
-                messages.append(
-                    f"woke in {wake['wake']:g} s; serving {settings.served_name!r} {wake['elapsed']:g} s after the"
-                    " wake-up (a completion of one token answered)"
-                )
-            elif state == "started":
-                result["start"] = None
-                waited = lifecycle.wait_ready()
-                messages.append(f"already running; serving {settings.served_name!r} ({waited['elapsed']:g} s wait)")
-            elif state == "asleep" and not sleeping:
-                lifecycle.wait_ready()  # a server still loading has nothing to put to sleep yet
-                report = result["sleep"] = lifecycle.sleep(before)
-                result["changed"] = True
-                drained = f"; drained {report['drain']['elapsed']:g} s" if report["drain"] else ""
-                aborted = f"; {report['aborted_requests']} requests aborted" if report["aborted_requests"] else ""
-                messages.append(f"asleep in {report['sleep']:g} s (level {report['level']}){drained}{aborted}")
-            elif state == "asleep":
+            result["changed"] |= steps.changes
+            messages += run_steps(steps, lifecycle, before, result)
+            if state == now == "asleep":
                 messages.append("already asleep")
         after = unit.state()
         result["asleep"] = is_sleeping(settings.url) if not after.stopped else None
