@@ -96,6 +96,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._bench_report import (
     plot_png,
     result_json,
 )
+from ansible_collections.llmops.vllm.plugins.module_utils._file_writer import write_if_changed
 
 try:
     import matplotlib  # noqa: F401  pylint: disable=unused-import
@@ -147,14 +148,6 @@ def result_problem(host, result):
     return None
 
 
-def differs(path, content):
-    try:
-        with open(path, "rb") as handle:
-            return handle.read() != content
-    except FileNotFoundError:
-        return True
-
-
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -188,17 +181,14 @@ def main():
             exception=MATPLOTLIB_IMPORT_ERROR,
         )
     table = fleet_markdown(results)
+    if not module.check_mode:
+        os.makedirs(dest, exist_ok=True)
     files, written = [], []
     for name, content in reports(results, formats):
         path = os.path.join(dest, name)
-        data = content.encode("utf-8") if isinstance(content, str) else content
         files.append(path)
-        if differs(path, data):
+        if write_if_changed(path, content, check_mode=module.check_mode):
             written.append(path)
-            if not module.check_mode:
-                os.makedirs(dest, exist_ok=True)
-                with open(path, "wb") as handle:
-                    handle.write(data)
     module.exit_json(changed=bool(written), files=files, written=written, table=table)
 
 

@@ -184,6 +184,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.llmops.vllm.plugins.module_utils._file_writer import current_text, differs, write_if_changed
 from ansible_collections.llmops.vllm.plugins.module_utils._instance_record import (
     API_KEY_VARIABLE,
     DEFAULT_CONFIG_DIR,
@@ -192,12 +193,9 @@ from ansible_collections.llmops.vllm.plugins.module_utils._instance_record impor
     UNIT_MODE,
     RecordError,
     build_record,
-    current_text,
     environment_text,
-    file_differs,
     record_path,
     record_text,
-    write_file,
 )
 from ansible_collections.llmops.vllm.plugins.module_utils._instances import INSTANCE_NAME
 from ansible_collections.llmops.vllm.plugins.module_utils._systemd import SystemdSyntaxError
@@ -276,11 +274,11 @@ def main():
         # In check mode the records' directory may be one that this module would have created.
         if not os.path.isdir(directory) and not (module.check_mode and created and directory == config_dir):
             module.fail_json(msg=f"{directory} is not a directory; create it first")
-    changed = [(name, path, text, mode) for name, path, text, mode in files if file_differs(path, text, mode)]
+    changed = [(name, path, text, mode) for name, path, text, mode in files if differs(path, text, mode)]
     diff = [file_diff(name, path, text) for name, path, text, _mode in changed]
     if not module.check_mode:
         for _name, path, text, mode in changed:
-            write_file(path, text, mode)
+            write_if_changed(path, text, mode)
     module.exit_json(
         changed=bool(changed),
         changed_files=[name for name, *_rest in changed],

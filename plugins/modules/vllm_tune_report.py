@@ -130,22 +130,9 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.llmops.vllm.plugins.module_utils._file_writer import write_if_changed
 from ansible_collections.llmops.vllm.plugins.module_utils._tune import TuneError, check_objective, time_split, winner
 from ansible_collections.llmops.vllm.plugins.module_utils._tune_report import markdown, svg
-
-
-def _write(module, path, content):
-    """Write `content` unless the file holds it already; True when written (or, in check mode, it would be)."""
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as handle:
-            if handle.read() == content:
-                return False
-    if not module.check_mode:
-        temporary = path + ".tmp"
-        with open(temporary, "w", encoding="utf-8") as handle:
-            handle.write(content)
-        os.replace(temporary, path)
-    return True
 
 
 def main():
@@ -189,7 +176,7 @@ def main():
     base = os.path.join(params["dest"], params["host"])
     contents = {f"{base}.json": json.dumps(report, indent=2, sort_keys=True) + "\n", f"{base}.md": table,
                 f"{base}.svg": plot}  # fmt: skip
-    changed = [_write(module, path, content) for path, content in contents.items()]
+    changed = [write_if_changed(path, content, check_mode=module.check_mode) for path, content in contents.items()]
     module.exit_json(
         changed=any(changed),
         winner=report["winner"],
