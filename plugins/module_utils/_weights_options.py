@@ -14,11 +14,8 @@ import urllib.parse
 
 from ansible.module_utils.common.text.formatters import human_to_bytes
 
-from ansible_collections.llmops.vllm.plugins.module_utils._weights import (
-    blocking_file,
-    repo_problem,
-    revision_problem,
-)
+from ansible_collections.llmops.vllm.plugins.module_utils._weights_listing import repo_problem, revision_problem
+from ansible_collections.llmops.vllm.plugins.module_utils._weights_plan import blocking_file
 
 MAX_WORKERS = 256
 

@@ -263,15 +263,12 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.vllm.plugins.module_utils._bench import (
-    BenchError,
-    Target,
+from ansible_collections.llmops.vllm.plugins.module_utils._bench_error import BenchError
+from ansible_collections.llmops.vllm.plugins.module_utils._bench_prompts import fixed_prompts, random_token_prompts
+from ansible_collections.llmops.vllm.plugins.module_utils._bench_statistics import (
     describe_regression,
-    fixed_prompts,
     level_metrics,
-    random_token_prompts,
     regressions,
-    run_level,
 )
 from ansible_collections.llmops.vllm.plugins.module_utils._instance_record import (
     DEFAULT_CONFIG_DIR,
@@ -279,6 +276,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._instance_record impor
     api_key,
     find,
 )
+from ansible_collections.llmops.vllm.plugins.module_utils._load_generator import Target, run_level
 
 try:
     import tokenizers

@@ -213,16 +213,11 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.llmops.vllm.plugins.module_utils._catalog import DERIVED_KEYS, CatalogError, check_entry
-from ansible_collections.llmops.vllm.plugins.module_utils._planner import (
-    GIB,
-    PlanInputError,
-    failure_message,
-    gpu_list,
-    plan,
-)
+from ansible_collections.llmops.vllm.plugins.module_utils._model_shape import PlanInputError
+from ansible_collections.llmops.vllm.plugins.module_utils._planner import GIB, failure_message, gpu_list, plan
 from ansible_collections.llmops.vllm.plugins.module_utils._serve_command import ServeSpecError
-from ansible_collections.llmops.vllm.plugins.module_utils._weights import (
-    WeightsError,
+from ansible_collections.llmops.vllm.plugins.module_utils._weights_listing import WeightsError
+from ansible_collections.llmops.vllm.plugins.module_utils._weights_sources import (
     hub_endpoint,
     open_source,
     read_source_json,
