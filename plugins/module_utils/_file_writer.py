@@ -8,6 +8,13 @@ import os
 import tempfile
 
 
+def check_file_name(name, option: str) -> str:
+    """`name` when it names a file inside a directory (a host's report, HOST.json); ValueError naming `option`."""
+    if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\0" in name:
+        raise ValueError(f"{option} must be a file name, without '/', got {name!r}")
+    return name
+
+
 def current_text(path: str) -> str | None:
     """A file's text, None when there is none."""
     content = _current_bytes(path)

@@ -17,6 +17,7 @@ import json
 import os
 
 from ansible_collections.llmops.vllm.plugins.module_utils._file_writer import write_if_changed
+from ansible_collections.llmops.vllm.plugins.module_utils._instances import INSTANCE_NAME
 from ansible_collections.llmops.vllm.plugins.module_utils._systemd import environment_file, parse_environment_file
 from ansible_collections.llmops.vllm.plugins.module_utils._vllm_api import check_base_url
 
@@ -56,6 +57,16 @@ def local_url(host: str, port: int) -> str:
 def remote_url(record: dict, address: str) -> str:
     """Where the instance is reached from elsewhere (the controller), through the host's `address`."""
     return local_url(address, record["port"])
+
+
+def check_instance_name(name, option: str = "instance") -> str:
+    """`name` when it can name an instance (its record's file, its unit); RecordError naming `option` otherwise.
+
+    Checked before any record is read: a name such as '../x' must not reach a path.
+    """
+    if not isinstance(name, str) or not INSTANCE_NAME.match(name):
+        raise RecordError(f"{option} must be letters, digits and '_.-', starting with a letter or digit, got {name!r}")
+    return name
 
 
 def record_path(config_dir: str, instance: str) -> str:

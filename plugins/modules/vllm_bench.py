@@ -274,6 +274,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._instance_record impor
     DEFAULT_CONFIG_DIR,
     RecordError,
     api_key,
+    check_instance_name,
     find,
 )
 from ansible_collections.llmops.vllm.plugins.module_utils._load_generator import Target, run_level
@@ -327,6 +328,14 @@ def _is_number(value):
 
 
 def check_options(params):
+    """Refuse a bad option before anything is read (the instance's record, a file) or sent; BenchError names it."""
+    if params["instance"] is not None:
+        try:
+            check_instance_name(params["instance"])
+        except RecordError as error:
+            raise BenchError(str(error)) from None
+    elif not params["model"] or any(char.isspace() for char in params["model"]):
+        raise BenchError(f"model must be the served model name, without spaces, got {params['model']!r}")
     bad = [level for level in params["concurrency"] if level < 1]
     if not params["concurrency"] or bad:
         raise BenchError(f"concurrency must list levels of 1 or more, got {params['concurrency']}")
@@ -336,8 +345,6 @@ def check_options(params):
     for name in ("warmup_requests", "seed"):
         if params[name] < 0:
             raise BenchError(f"{name} must be 0 or more, got {params[name]}")
-    if not params["model"] or any(char.isspace() for char in params["model"]):
-        raise BenchError(f"model must be the served model name, without spaces, got {params['model']!r}")
     if params["num_requests"] is not None and params["num_requests"] < 1:
         raise BenchError(f"num_requests must be 1 or more, got {params['num_requests']}")
     for name in ("duration", "request_timeout"):
@@ -457,6 +464,10 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
+    try:
+        check_options(params)
+    except BenchError as error:
+        module.fail_json(msg=str(error))
     if params["instance"] is not None:
         try:
             record = find(params["config_dir"], params["instance"])
@@ -466,7 +477,6 @@ def main():
         if params["api_key"]:
             module.no_log_values.add(params["api_key"])
     try:
-        check_options(params)
         baseline_levels = (
             read_baseline(params["baseline"], params["regression_metrics"]) if params["baseline"] is not None else None
         )

@@ -96,7 +96,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._bench_report import (
     plot_png,
     result_json,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._file_writer import write_if_changed
+from ansible_collections.llmops.vllm.plugins.module_utils._file_writer import check_file_name, write_if_changed
 
 try:
     import matplotlib  # noqa: F401  pylint: disable=unused-import
@@ -166,6 +166,11 @@ def main():
     problems = [
         problem for host, result in sorted(results.items()) for problem in [result_problem(host, result)] if problem
     ]
+    for host in sorted(results):
+        try:
+            check_file_name(host, "each host of results")
+        except ValueError as error:
+            problems.append(str(error))
     if not results or problems:
         module.fail_json(
             msg="results must map each host to its vllm_bench result (with summary and levels); "

@@ -332,7 +332,6 @@ journal:
   elements: str
 """
 
-import re
 import time
 
 from ansible.module_utils.basic import AnsibleModule
@@ -340,21 +339,44 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.llmops.vllm.plugins.module_utils._instance_record import (
     DEFAULT_CONFIG_DIR,
     api_key,
+    check_instance_name,
     find,
 )
 from ansible_collections.llmops.vllm.plugins.module_utils._service_steps import Refused, Steps, condition, steps_to
-from ansible_collections.llmops.vllm.plugins.module_utils._unit import Unit, UnitError, needs_daemon_reload
+from ansible_collections.llmops.vllm.plugins.module_utils._unit import (
+    Unit,
+    UnitError,
+    check_unit_name,
+    needs_daemon_reload,
+)
 from ansible_collections.llmops.vllm.plugins.module_utils._vllm_api import check_base_url, is_sleeping
 from ansible_collections.llmops.vllm.plugins.module_utils._vllm_service import Lifecycle, ServiceError, Settings
 from ansible_collections.llmops.vllm.plugins.module_utils._wait import positive_seconds
 
 POSITIVE_SECONDS = ("load_timeout", "stop_timeout", "kill_timeout", "orphan_grace", "poll_interval")
 UNIT_SUFFIXES = (".service", ".scope", ".target", ".socket", ".mount", ".timer", ".path", ".slice")
-# The characters systemd allows in a unit name.
-UNIT_NAME = re.compile(r"[A-Za-z0-9:_.@\\-]+\Z")
 # Without an instance record: the unit's server on loopback, and bounds that fit a small model.
 DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_SECONDS = {"load_timeout": 600, "stop_timeout": 30}
+
+
+def check_options(params) -> None:
+    """Refuse a bad option before anything is read on the host; ValueError names the first, and its value."""
+    for name in POSITIVE_SECONDS:
+        if params[name] is not None:
+            positive_seconds(params[name], name)
+    drain = params["drain_timeout"]
+    if drain is not None and not drain >= 0:
+        raise ValueError(f"drain_timeout must be 0 (no drain) or more seconds, got {drain:g}")
+    if params["journal_lines"] < 1:
+        raise ValueError(f"journal_lines must be 1 or more, got {params['journal_lines']}")
+    if params["instance"] is not None:
+        check_instance_name(params["instance"])
+        return
+    check_unit_name(params["name"])
+    check_base_url(params["url"] or DEFAULT_URL)
+    if params["state"] != "stopped" and not params["served_name"]:
+        raise ValueError(f"served_name is required to start the unit (state={params['state']}), or give instance")
 
 
 def target_from(params) -> tuple[str, dict]:
@@ -364,8 +386,6 @@ def target_from(params) -> tuple[str, dict]:
     RecordError says why the instance cannot be used.
     """
     if params["instance"] is None:
-        if not UNIT_NAME.match(params["name"]):
-            raise ValueError(f"name must be a systemd unit name such as vllm-tiny.service, got {params['name']!r}")
         served = {"url": params["url"] or DEFAULT_URL, "served_name": params["served_name"]}
         return params["name"], {**served, "api_key": params["api_key"]}
     record = find(params["config_dir"], params["instance"])
@@ -375,19 +395,13 @@ def target_from(params) -> tuple[str, dict]:
 
 
 def settings_from(params, target: dict) -> Settings:
-    """Settings from the module's parameters over the target's; ValueError names the first bad one."""
+    """Settings from the module's checked parameters over the target's (a record checks its own)."""
     given = {name: params[name] for name in ("load_timeout", "stop_timeout", "drain_timeout")}
     chosen = {name: target.get(name) if given[name] is None else given[name] for name in given}
     for name, default in DEFAULT_SECONDS.items():
         chosen[name] = default if chosen[name] is None else chosen[name]
     seconds = {name: positive_seconds({**params, **chosen}[name], name) for name in POSITIVE_SECONDS}
     drain = chosen["drain_timeout"]
-    if drain is not None and not drain >= 0:
-        raise ValueError(f"drain_timeout must be 0 (no drain) or more seconds, got {drain:g}")
-    if params["journal_lines"] < 1:
-        raise ValueError(f"journal_lines must be 1 or more, got {params['journal_lines']}")
-    if params["state"] != "stopped" and not target["served_name"]:
-        raise ValueError(f"served_name is required to start the unit (state={params['state']}), or give instance")
     return Settings(
         url=check_base_url(target["url"]),
         served_name=target["served_name"],
@@ -486,6 +500,7 @@ def main():
     started = time.monotonic()
     state = module.params["state"]
     try:
+        check_options(module.params)
         name, target = target_from(module.params)
         settings = settings_from(module.params, target)
     except ValueError as error:  # RecordError included

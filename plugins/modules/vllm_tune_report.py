@@ -30,11 +30,11 @@ attributes:
     support: full
 options:
   dest:
-    description: Directory of the reports; created when missing.
+    description: Directory of the reports, an absolute path; created when missing.
     type: path
     required: true
   host:
-    description: The tuned host's name; the files are named after it.
+    description: The tuned host's name; the files are named after it, so it has no C(/).
     type: str
     required: true
   model:
@@ -130,7 +130,8 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.vllm.plugins.module_utils._file_writer import write_if_changed
+from ansible_collections.llmops.vllm.plugins.module_utils._file_writer import check_file_name, write_if_changed
+from ansible_collections.llmops.vllm.plugins.module_utils._instance_record import check_instance_name
 from ansible_collections.llmops.vllm.plugins.module_utils._tune import TuneError, check_objective, time_split, winner
 from ansible_collections.llmops.vllm.plugins.module_utils._tune_report import markdown, svg
 
@@ -153,6 +154,13 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
+    try:
+        if not os.path.isabs(params["dest"]):
+            raise ValueError(f"dest must be an absolute directory, got {params['dest']!r}")
+        check_file_name(params["host"], "host")
+        check_instance_name(params["instance"])
+    except ValueError as error:  # RecordError included
+        module.fail_json(msg=str(error))
     try:
         check_objective(params["concurrency"], params["slo"], params["workload"].get("concurrency"))
         report = {

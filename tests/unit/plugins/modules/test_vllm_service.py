@@ -108,6 +108,26 @@ def test_bad_input_is_refused_before_any_command(run_module, tmp_path, commands,
     assert commands == []
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"load_timeout": -1}, "load_timeout must be more than 0 seconds, got -1.0"),
+        ({"kill_timeout": 0}, "kill_timeout must be more than 0 seconds, got 0.0"),
+        ({"drain_timeout": -3}, "drain_timeout must be 0 (no drain) or more seconds, got -3"),
+        ({"journal_lines": 0}, "journal_lines must be 1 or more, got 0"),
+        ({"instance": "../tiny"}, "instance must be letters, digits and '_.-', starting with a letter or digit"),
+    ],
+)
+def test_bad_input_with_an_instance_is_refused_before_its_record_is_read(
+    run_module, tmp_path, commands, monkeypatch, args, message
+):
+    monkeypatch.setattr(vllm_service, "find", lambda *_args: pytest.fail("the record was read"))
+    base = {"instance": "tiny", "config_dir": str(tmp_path), "state": "started"}
+    result = run_module(vllm_service.main, {**base, **args}, fails=True)
+    assert message in result["msg"]
+    assert commands == []
+
+
 def test_an_instance_whose_record_is_outdated_is_refused_before_any_command(run_module, tmp_path, commands):
     (tmp_path / "old.json").write_text(json.dumps({"instance": "old", "unit": "vllm-old.service", "port": 8000}))
     result = run_module(
