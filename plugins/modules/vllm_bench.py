@@ -22,7 +22,8 @@ description:
     controller (C(delegate_to)). With the Python package C(tokenizers) importable (the vLLM venv has it) and
     O(tokenizer) set, prompts are built from the model's vocabulary as C(vllm bench serve --dataset-name random)
     builds them; otherwise a fixed text of about O(input_len) words, distinct per request.
-  - Sets the fact C(vllm_bench). Reports (JSON, CSV, Markdown, plot) are written by M(llmops.vllm.vllm_bench_report).
+  - Sets the fact C(vllm_bench_result). Reports (JSON, CSV, Markdown, plot) are written by
+    M(llmops.vllm.vllm_bench_report).
 extends_documentation_fragment:
   - llmops.vllm.attributes
 attributes:
@@ -246,11 +247,11 @@ comparisons:
       change_percent: -2.25
       regressed: false
 ansible_facts:
-  description: The result as the fact C(vllm_bench) (C(levels), C(summary), C(comparisons)).
+  description: The result as the fact C(vllm_bench_result) (C(levels), C(summary), C(comparisons)).
   returned: unless in check mode
   type: dict
   contains:
-    vllm_bench:
+    vllm_bench_result:
       description: C(levels), C(summary) and C(comparisons), as above.
       type: dict
       returned: unless in check mode
@@ -513,7 +514,7 @@ def main():
         messages += ["regression: " + describe_regression(item, params["max_regression_percent"]) for item in regressed]
     if messages:
         module.fail_json(msg="; ".join(messages), prompt_source=prompt_source, **result)
-    module.exit_json(changed=False, prompt_source=prompt_source, ansible_facts={"vllm_bench": result}, **result)
+    module.exit_json(changed=False, prompt_source=prompt_source, ansible_facts={"vllm_bench_result": result}, **result)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ options:
 EXAMPLES = r"""
 - name: Reports of every host of the play, on the controller
   llmops.vllm.vllm_bench_report:
-    results: "{{ dict(ansible_play_hosts | zip(ansible_play_hosts | map('extract', hostvars, 'vllm_bench'))) }}"
+    results: "{{ dict(ansible_play_hosts | zip(ansible_play_hosts | map('extract', hostvars, 'vllm_bench_result'))) }}"
     dest: "{{ lookup('ansible.builtin.env', 'PWD') }}/bench-results/tiny"
   delegate_to: localhost
   run_once: true
