@@ -99,6 +99,36 @@ def serves(host, instance):
     return info["active_state"] == "active" and info["serving"] is True
 
 
+def test_the_guard_stops_the_candidate_and_starts_the_tuned_instance_when_it_fires(local_host):
+    """The guard as the tune arms it, let fire: two units of the host stand for the candidate (running, enabled at
+    boot) and the tuned instance (stopped)."""
+    host, guard = local_host, "llmops-vllm-tune-guard-guardtest"
+    candidate, tuned = "llmops-guard-candidate.service", "llmops-guard-tuned.service"
+    for unit in (candidate, tuned):
+        host.sh(f"printf '[Service]\\nExecStart=/bin/sleep 600\\n[Install]\\nWantedBy=multi-user.target\\n'"
+                f" > /etc/systemd/system/{unit}")  # fmt: skip
+    host.sh(f"systemctl daemon-reload && systemctl enable --now {candidate}")
+    try:
+        variables = {"guard_instance": "guardtest", "guard_after": 1, "guard_candidate_unit": candidate,
+                     "guard_tuned_unit": tuned}  # fmt: skip
+        proc = host.playbook("tests/integration/playbooks/tune_guard.yml", "-e", json.dumps(variables))
+        assert proc.returncode == 0, proc.stdout[-4000:]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            states = unit_state(host, candidate, "ActiveState", "UnitFileState"), unit_state(host, tuned, "ActiveState")
+            if states == ({"ActiveState": "inactive", "UnitFileState": "disabled"}, {"ActiveState": "active"}):
+                break
+            time.sleep(0.5)
+        assert states == ({"ActiveState": "inactive", "UnitFileState": "disabled"}, {"ActiveState": "active"})
+    finally:
+        host.sh(
+            f"systemctl stop {guard}.timer {guard}.service {candidate} {tuned}; systemctl reset-failed {guard}.service"
+            f" {guard}.timer; systemctl disable {candidate}; rm -f /etc/systemd/system/{candidate}"
+            f" /etc/systemd/system/{tuned}; systemctl daemon-reload",
+            check=False,
+        )
+
+
 def test_check_mode_lists_the_candidates_and_the_planner_s_verdicts_and_changes_nothing(tune_host, hub, tmp_path):
     before = unit_state(tune_host, "vllm-tiny_tune.service", "MainPID")
     proc = run_tune(tune_host, hub, tmp_path / "report", "--check")
