@@ -131,6 +131,24 @@ def test_a_role_reads_only_its_own_variables_and_the_results_of_roles_it_runs(ro
     assert foreign_reads(role) == []
 
 
+def facts_set(role):
+    """(file, name) of each variable that a role's tasks set: set_fact keys, registered results, loop variables."""
+    found = []
+    for path in role_files(role, "tasks"):
+        for task in tasks_of(path):
+            loop_var = (task.get("loop_control") or {}).get("loop_var")
+            names = [*(task.get("ansible.builtin.set_fact") or {}), task.get("register"), loop_var]
+            found += [(path.name, name) for name in names if name and name != "cacheable"]
+    return found
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_a_role_sets_its_own_internal_variables_and_its_result_alone(role):
+    """What a role keeps for itself is __ROLE_...; what it gives back is ROLE_result, documented at its door."""
+    assert [(path, name) for path, name in facts_set(role)
+            if not name.startswith(f"__{role}_") and name != f"{role}_result"] == []  # fmt: skip
+
+
 def test_the_read_of_another_role_s_output_is_caught():
     """A role's output named as the role itself (the bench role's fact was once `vllm_bench`) is still that role's."""
     assert owner("vllm_bench") == "vllm_bench" and owner("vllm_bench_result") == "vllm_bench"
