@@ -1,4 +1,5 @@
-#!/usr/bin/env python3
+# Copyright: llmops.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Make the wheelhouse that vllm_install installs from on a host with its own CUDA PyTorch, from an unpacked vLLM
 bundle (../shared/gpu/: vLLM stripped into site/, and the wheels of what the GPU machine's image lacks).
 
@@ -59,7 +60,7 @@ def metadata(info: Path) -> tuple[str, str, list[str]]:
     for line in (info / "METADATA").read_text(encoding="utf-8").splitlines():
         if not line:
             break
-        key, _, value = line.partition(": ")
+        key, _separator, value = line.partition(": ")
         fields.setdefault(key, value)
     tags = [
         line.split(": ", 1)[1]
