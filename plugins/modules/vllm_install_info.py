@@ -14,10 +14,10 @@ description:
     (C(/dev/nvidiactl)), whether O(wheelhouse) is a directory, and which of the OS packages the install needs are
     missing.
   - Reads each venv the install may use (O(venv), its release's own C(VENV-VERSION) and uv's O(uv_venv)), each by
-    its own interpreter in one run: its site-packages, the versions there of vLLM's builds, of the wheels the CPU
-    build must not have, of the AMX plugin, of uv and of O(extra_packages), the SHA-256 of the files the role puts
-    there, and the names of the C(vllm.general_plugins) entry points. A venv without an interpreter is reported as
-    not existing, which is no failure.
+    its own interpreter in one run. It reads the venv's site-packages, the versions there of vLLM's builds, of the
+    wheels the CPU build must not have, of the AMX plugin, of uv and of O(extra_packages), the SHA-256 of the files
+    the role puts there, and the names of the C(vllm.general_plugins) entry points. A venv without an interpreter is
+    reported as not existing, which is no failure.
   - With O(base_python), reads that interpreter too (its site-packages and its torch, from C(torch/version.py),
     without importing torch) and the requirements list C(PACKAGE-VERSION-requirements.txt) in O(wheelhouse).
   - Returns the plan of the install (RV(plan)), which the C(vllm_install) role's steps follow, so that a second
