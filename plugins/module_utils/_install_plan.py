@@ -187,6 +187,31 @@ def check_base(device: str, base_python: str, base: dict) -> None:
         )
 
 
+def wheel_pattern(package: str, version: str) -> str:
+    """The file names of the package's wheels at `version` (a wheel writes its name with underscores)."""
+    return f"{package.replace('-', '_')}-{version}-*.whl"
+
+
+def torch_pins(metadata: str) -> list[str]:
+    """The versions that a wheel's METADATA pins torch to (`Requires-Dist: torch==X`, whatever the marker)."""
+    found = re.finditer(r"^Requires-Dist: torch\s*==\s*([^\s;,]+)", metadata, re.MULTILINE)
+    return list(dict.fromkeys(match[1] for match in found))
+
+
+def check_base_torch(base: dict, wheel: dict | None, package: str, version: str, wheelhouse: str) -> None:
+    """vLLM's native ops are built against one torch release: the base's must be the one vLLM's wheel pins."""
+    if wheel is None:
+        raise PlanError(f"{wheelhouse} holds no wheel {wheel_pattern(package, version)}, the pinned vLLM")
+    pins = torch_pins(wheel["metadata"])
+    have = base["torch"]["version"]
+    # A pin without a local version (2.11.0) takes any build of that release (2.11.0+cu130), as PEP 440 has it.
+    if pins and not any(have == pin if "+" in pin else have.split("+", 1)[0] == pin for pin in pins):
+        raise PlanError(
+            f"{wheel['path']} pins torch to {' or '.join(pins)}; the base's torch is {have}. vLLM's native ops load "
+            "only with the torch release they were built against: give the vLLM release built for the base's torch"
+        )
+
+
 def check_base_requirements(path: str, pinned: dict[str, str], package: str, version: str) -> None:
     """The list must install the pinned vLLM and must not put another torch over the base's."""
     if pinned.get(canonical(package)) != version:
@@ -337,8 +362,9 @@ def interpreter(venv: str) -> str:
 
 def plan(settings: dict, host: dict) -> dict:
     """Every decision of the install, from the settings and the host as vllm_install_info read it:
-    host = {nvidia_driver, wheelhouse_is_dir, venvs (by directory, _venv's states), base (or None), requirements
-    (the text of the base's list, or None), missing_os_packages}."""
+    host = {nvidia_driver, wheelhouse_is_dir, venvs (by directory, _venv's states), base (or None), and on a base the
+    text of its requirements list and the pinned vLLM's wheel ({path, metadata}), each None where missing;
+    missing_os_packages}."""
     device = choose_device(settings["device"], host["nvidia_driver"])
     package, version = PACKAGES[device], settings["version"]
     if settings.get("wheelhouse") and not host["wheelhouse_is_dir"]:
@@ -349,6 +375,7 @@ def plan(settings: dict, host: dict) -> dict:
     base = host["base"]
     if base is not None:
         check_base(device, settings["base_python"], base)
+        check_base_torch(base, host["wheel"], package, version, settings["wheelhouse"])
         listed = requirements_file(settings, package)
         if host["requirements"] is None:
             raise PlanError(

