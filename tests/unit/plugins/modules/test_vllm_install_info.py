@@ -142,7 +142,8 @@ def test_the_host_s_os_family_driver_and_wheelhouse(run, tmp_path):
         ({"venv": "venv"}, "venv must be an absolute path, got 'venv'"),
         ({"extra_packages": ["hub"]}, "extra_packages must be NAME==VERSION each, got ['hub']"),
         ({"base_python": "/usr/bin/python3", "wheelhouse": None}, "base_python installs from a wheelhouse"),
-        ({"shipped": {}}, "shipped must give the SHA-256 of"),
+        ({"shipped": {}}, "shipped must give the SHA-256 (64 hex digits) of"),
+        ({"index_url": "mirror"}, "index_url and extra_index_urls must be http(s):// or file:// URLs, got ['mirror']"),
     ],
 )
 def test_bad_input_is_refused_before_any_interpreter_runs(run, monkeypatch, tmp_path, changes, message):
