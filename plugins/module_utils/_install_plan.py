@@ -154,12 +154,14 @@ def uv_pending(settings: dict, venvs: dict) -> bool:
     return venvs[settings["uv_venv"]]["releases"][UV] != settings["uv_version"]
 
 
-def os_packages_needed(os_family: str, device: str, bootstrap_uv: bool) -> list[str]:
-    """The OS packages this install needs on an OS family: none at all on a host that has uv and serves CUDA."""
+def os_packages_needed(os_family: str, device: str, venv_without_pip: bool) -> list[str]:
+    """The OS packages this install needs on an OS family: the one that gives `python -m venv` its pip where uv is
+    yet to be installed and the interpreter cannot (Debian keeps ensurepip in python3-venv), and the CPU build's.
+    None at all on a host that serves CUDA and has uv, or whose interpreter brings ensurepip (a GPU image's)."""
     if os_family not in OS_PACKAGES:
         raise PlanError(f"vllm_install supports the OS families {sorted(OS_PACKAGES)}; this host is {os_family}")
     family = OS_PACKAGES[os_family]
-    return [*(family["venv"] if bootstrap_uv else ()), *(family[CPU] if device == CPU else ())]
+    return [*(family["venv"] if venv_without_pip else ()), *(family[CPU] if device == CPU else ())]
 
 
 def package_query(os_family: str, names: list[str]) -> list[str]:

@@ -12,7 +12,7 @@ author: llmops.vllm contributors (@llmops-vllm)
 description:
   - Reads the host's OS family (as Ansible's facts name it), whether the NVIDIA driver is loaded
     (C(/dev/nvidiactl)), whether O(wheelhouse) is a directory, and which of the OS packages the install needs are
-    missing.
+    missing (C(python3-venv) only while uv is to be installed and O(python) lacks ensurepip).
   - Reads each venv the install may use (O(venv), its release's own C(VENV-VERSION) and uv's O(uv_venv)), each by
     its own interpreter in one run. It reads the venv's site-packages, the versions there of vLLM's builds, of the
     wheels the CPU build must not have, of the AMX plugin, of uv and of O(extra_packages), the SHA-256 of the files
@@ -372,7 +372,11 @@ def main():
     requirements = read_text(requirements_file(settings, package)) if base is not None else None
     wheel = read_wheel(wheelhouse, package, settings["version"]) if base is not None else None
     try:
-        needed = os_packages_needed(os_family, device, uv_pending(settings, venvs))
+        # uv's venv is made by `python -m venv`, which brings pip only where the interpreter has ensurepip.
+        venv_without_pip = (
+            uv_pending(settings, venvs) and module.run_command([settings["python"], "-c", "import ensurepip"])[0] != 0
+        )
+        needed = os_packages_needed(os_family, device, venv_without_pip)
         missing = []
         if needed:
             _rc, stdout, _stderr = module.run_command(package_query(os_family, needed))
