@@ -1,13 +1,11 @@
 """The alert rules: Prometheus' own promtool checks them and runs their unit tests (*.test.yml beside this file).
 
-promtool comes from Debian's prometheus package, the release that the vllm_prometheus role installs; `make unit`
-unpacks it under .build and names it in PROMTOOL.
+promtool is the fixture of conftest.py: Debian's, unpacked by `make unit`.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -27,14 +25,6 @@ from ansible_collections.llmops.vllm.plugins.module_utils._catalog import Catalo
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 SCRIPT = ROOT / "scripts" / "observability.py"
-
-
-@pytest.fixture(scope="module")
-def promtool():
-    path = os.environ.get("PROMTOOL") or shutil.which("promtool")
-    if not path or not Path(path).exists():
-        pytest.fail("promtool is missing: `make unit` unpacks it from Debian's prometheus package and sets PROMTOOL")
-    return path
 
 
 def run(promtool, *args, cwd=None):

@@ -4,12 +4,9 @@ in tests/integration/test_observability.py."""
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 
-import pytest
 import yaml
 
 from ansible_collections.llmops.vllm.plugins.module_utils._alert_rules import alert_rules
@@ -90,10 +87,7 @@ def test_a_panel_and_an_alert_that_show_one_thing_read_one_query():
     )
 
 
-def test_promtool_parses_every_query(tmp_path):
-    promtool = os.environ.get("PROMTOOL") or shutil.which("promtool")
-    if not promtool:
-        pytest.fail("promtool is missing: `make unit` unpacks it from Debian's prometheus package and sets PROMTOOL")
+def test_promtool_parses_every_query(promtool, tmp_path):
     model = dashboard()
     queries = panel_queries(model) + [
         re.sub(r"^label_values\((.*), \w+\)$", r"\1", variable["definition"])

@@ -5,17 +5,9 @@ Driven as uvicorn drives an ASGI app: a scope with the client's and the server's
 sends back. The real vLLM behind it is in tests/integration/test_observability.py.
 """
 
-import asyncio
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-
-GUARD = Path(__file__).resolve().parents[3] / "roles" / "vllm_install" / "files" / "llmops_vllm_dev_guard.py"
-SPEC = importlib.util.spec_from_file_location("llmops_vllm_dev_guard", GUARD)
-guard = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(guard)
 
 
 @pytest.fixture
@@ -24,29 +16,19 @@ def readers_file(tmp_path):
 
 
 @pytest.fixture
-def call(readers_file):
+def call(guard, drive, readers_file):
     middleware = {}
 
-    def call(path, client, server=("0.0.0.0", 8000)):
-        """(what the app behind saw, the messages sent to the client) for one GET."""
-        reached, sent = [], []
-
-        async def app(scope, receive, send):
-            reached.append(scope["path"])
-            await send({"type": "http.response.start", "status": 200, "headers": []})
-
-        async def send(message):
-            sent.append(message)
-
-        async def receive():
-            return {"type": "http.request"}
-
+    def wrap(app):
         if "guard" not in middleware:  # one middleware for the test, as in one server
             middleware["guard"] = guard.MetricsReaders(app, str(readers_file))
         middleware["guard"].app = app
+        return middleware["guard"]
+
+    def call(path, client, server=("0.0.0.0", 8000)):
+        """(what the app behind saw, the messages sent to the client) for one GET."""
         scope = {"type": "http", "path": path, "root_path": "", "client": client, "server": server, "method": "GET"}
-        asyncio.run(middleware["guard"](scope, receive, send))
-        return reached, sent
+        return drive(wrap, scope)
 
     return call
 
@@ -92,6 +74,6 @@ def test_listed_readers_read_them_and_a_change_of_the_file_needs_no_restart(call
     assert call("/metrics", ("10.0.0.6", 1))[0] == []
 
 
-def test_the_readers_file_format():
+def test_the_readers_file_format(guard):
     networks = guard.parse_readers("# c\n\n10.0.0.5\n fd00::/64 # x\n10.0.0.0/33\n")
     assert [str(network) for network in networks] == ["10.0.0.5/32", "fd00::/64"]
