@@ -18,6 +18,7 @@ import os
 import re
 import shlex
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -167,8 +168,10 @@ def monitored(deployed, tmp_path_factory):
     entry = yaml.safe_load((ROOT / "models" / "tiny.yml").read_text())
     (catalog / "tiny.yml").write_text(yaml.safe_dump({**entry, "slo": {"p99_ttft_ms": 60000}}))
     settings = {**SETTINGS, "vllm_catalog_paths": [str(catalog)]}
+    started = time.monotonic()
     proc = host.playbook("playbooks/monitoring.yml", "-e", json.dumps(settings))
     assert proc.returncode == 0, f"monitoring.yml failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
+    print(f"monitoring.yml (Prometheus installed and started, tiny published) took {time.monotonic() - started:.0f} s")
     yield host
     host.sh("systemctl disable --now prometheus")
 
