@@ -92,8 +92,8 @@ def expandable_segments_variable(environment):
     """The variable that turns on torch's expandable segments (`expandable_segments:True`), or None."""
     for name in ALLOCATOR_VARIABLES:
         for option in str(environment.get(name, "")).split(","):
-            key, _, value = option.partition(":")
-            if key.strip() == "expandable_segments" and value.strip().lower() == "true":
+            key, separator, value = option.partition(":")
+            if separator and key.strip() == "expandable_segments" and value.strip().lower() == "true":
                 return name
     return None
 
