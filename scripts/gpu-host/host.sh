@@ -69,8 +69,9 @@ in_systemd() {
   local pid
   pid=$(systemd_pid) || die "systemd is not running here (run: $0 up)"
   # The mount namespace holds systemd's /run (its private socket) and /proc; the PID and cgroup namespaces make
-  # PIDs and unit cgroups read as systemd sees them.
-  nsenter -t "$pid" -m -p -C -- "$@"
+  # PIDs and unit cgroups read as systemd sees them. Entering a mount namespace moves to its root: --wd keeps the
+  # working directory (the checkout, for a playbook).
+  nsenter -t "$pid" -m -p -C --wd="$PWD" -- "$@"
 }
 
 # The cgroup2 hierarchy: /sys/fs/cgroup on a pure cgroup v2 machine (the H200 machine), /sys/fs/cgroup/unified on
