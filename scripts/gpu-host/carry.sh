@@ -52,7 +52,7 @@ build_bundle() {
   scripts=${GPU_BUNDLE_SCRIPTS:-$(dirname "$(git -C "$CHECKOUT" worktree list --porcelain | sed -n '1s/^worktree //p')")/shared/gpu}
   [[ -x $scripts/build-vllm-bundle.sh ]] || die "no build-vllm-bundle.sh in $scripts; set GPU_BUNDLE_SCRIPTS"
   log "building the vLLM bundle into $out under $LOCK (about 5 minutes of both cores)"
-  flock "$LOCK" bash "$scripts/build-vllm-bundle.sh" "$out"
+  flock -o "$LOCK" bash "$scripts/build-vllm-bundle.sh" "$out"
 }
 
 download_systemd() {

@@ -86,8 +86,11 @@ cgroup2_root() {
 
 # The cgroups of earlier boots, deepest first (a cgroup goes once it has no process and no child).
 remove_cgroups() {
-  find "$1" -maxdepth 1 -name 'llmops-gpu-host-*' -type d -print0 |
-    xargs -0 -r -I{} find {} -depth -type d -exec rmdir {} + 2>/dev/null || true
+  local cgroup
+  for cgroup in "$1"/llmops-gpu-host-*; do
+    [[ -d $cgroup ]] && find "$cgroup" -depth -type d -exec rmdir {} + 2>/dev/null
+  done
+  return 0
 }
 
 boot_systemd() {

@@ -43,8 +43,11 @@ start_stand_in() {
 # The stand-in, and the cgroups that its systemd made in this machine's cgroup2 hierarchy (deepest first).
 remove_stand_in() {
   podman rm -f "$NAME" >/dev/null 2>&1 || true
-  find /sys/fs/cgroup/unified -maxdepth 1 -name 'llmops-gpu-host-*' -type d -print0 2>/dev/null |
-    xargs -0 -r -I{} find {} -depth -type d -exec rmdir {} + 2>/dev/null || true
+  local cgroup
+  for cgroup in /sys/fs/cgroup/unified/llmops-gpu-host-*; do
+    [[ -d $cgroup ]] && find "$cgroup" -depth -type d -exec rmdir {} + 2>/dev/null
+  done
+  return 0
 }
 
 # What a GPU command gets: the checkout's files, tracked and untracked but not ignored, and the carried paths.
@@ -67,9 +70,6 @@ main() {
   [[ -d $CHECKOUT/.gpucarry/ansible-cp311 ]] || die "no .gpucarry/ansible-cp311: run scripts/gpu-host/carry.sh"
   podman image exists "$IMAGE" || die "no image $IMAGE: run scripts/local-host.sh image"
   mkdir -p "$out"
-  exec 9>"$LOCK"
-  log "waiting for $LOCK"
-  flock 9
   start_stand_in
   ((keep)) || trap remove_stand_in EXIT
   copy_checkout
@@ -85,4 +85,10 @@ main() {
   log "results in $out: $(ls "$out" | tr '\n' ' ')"
 }
 
+# The heavy lock, held by flock itself (-o): a descriptor of it inherited by the stand-in, which outlives this
+# script with --keep, would hold the lock for everyone.
+if [[ -z ${LLMOPS_REHEARSAL_LOCKED:-} ]]; then
+  log "waiting for $LOCK"
+  exec flock -o "$LOCK" env LLMOPS_REHEARSAL_LOCKED=1 "$0" "$@"
+fi
 main "$@"
