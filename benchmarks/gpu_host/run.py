@@ -82,10 +82,11 @@ class Results:
     """gpu-host-run.json in the logs directory, rewritten after every addition. The logs directory outlives a GPU
     command (OUT does not), so that a run split over two commands adds to one file."""
 
-    def __init__(self, logs: Path, meta: dict):
+    def __init__(self, logs: Path, meta: dict, steps: list):
         self.path = logs / "gpu-host-run.json"
-        self.data = json.loads(self.path.read_text()) if self.path.exists() else {"runs": {}}
+        self.data = json.loads(self.path.read_text()) if self.path.exists() else {"runs": {}, "commands": []}
         self.data.setdefault("host", {}).update(meta)
+        self.data["commands"].append({"started": time.strftime("%Y-%m-%d %H:%M:%S"), "steps": steps})
 
     def add(self, step: str, key: str, value):
         self.data["runs"].setdefault(step, {})[key] = value
@@ -108,7 +109,8 @@ class GpuHost:
         if not self.secrets.exists():
             self.secrets.touch(0o600)
             self.secrets.write_text(json.dumps({"vllm_server_api_key": secrets.token_hex(16)}))
-        self.count = 0
+        # Numbered on from the runs of an earlier command of the same run.
+        self.count = len(list(self.logs.glob("*.log")))
 
     def exec(self, *command, check=True, timeout=120) -> str:
         result = subprocess.run(
@@ -129,18 +131,23 @@ class GpuHost:
             extra.update(item)
         command = ["bash", str(HOST_SH), "play", self.inventory, f"playbooks/{playbook}", "-e", f"@{self.secrets}"]
         command += ["-e", json.dumps(extra)]
-        environment = os.environ | {"ANSIBLE_STDOUT_CALLBACK": "json", "ANSIBLE_CALLBACK_RESULT_FORMAT": "json"}
+        stem = f"{self.count:02d}-{name}"
+        record = self.logs / f"{stem}.json"
+        environment = os.environ | {
+            "ANSIBLE_CALLBACK_PLUGINS": str(HERE / "callback_plugins"),
+            "ANSIBLE_CALLBACKS_ENABLED": "run_record",
+            "LLMOPS_RUN_RECORD": str(record),
+        }
         since = self.clock()
         started = time.monotonic()
-        result = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=timeout, check=False)
+        with open(self.logs / f"{stem}.log", "w", encoding="utf-8") as log:
+            result = subprocess.run(
+                command, stdout=log, stderr=subprocess.STDOUT, env=environment, timeout=timeout, check=False
+            )
         wall = time.monotonic() - started
-        stem = f"{self.count:02d}-{name}"
-        (self.logs / f"{stem}.json").write_text(result.stdout)
-        if result.stderr.strip():
-            (self.logs / f"{stem}.stderr").write_text(result.stderr)
         try:
-            report = json.loads(result.stdout)
-        except ValueError:
+            report = json.loads(record.read_text())
+        except (OSError, ValueError):
             report = {"plays": [], "stats": {}}
         outcome = {"playbook": playbook, "rc": result.returncode, "wall_s": round(wall, 2), "since": since}
         outcome |= time_split(report, wall)
@@ -226,7 +233,7 @@ def failures(report: dict) -> list:
     found = []
     for task in tasks_of(report):
         for host, result in task.get("hosts", {}).items():
-            if result.get("failed"):
+            if result.get("failed") and not result.get("ignored"):
                 found.append({"task": task_name(task), "host": host, "msg": str(result.get("msg", ""))[:1500]})
     return found
 
@@ -650,8 +657,8 @@ def main():
     if unknown:
         parser.error(f"unknown steps {unknown}; known: {list(STEPS)}")
     host = GpuHost(args)
-    meta = {"inventory": args.inventory, "catalog": args.catalog, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
-    results = Results(args.logs, meta | machine_facts())
+    meta = {"inventory": args.inventory, "catalog": args.catalog}
+    results = Results(args.logs, meta | machine_facts(), steps)
     os.chdir(ROOT)
     functions = {name: globals()[f"step_{name}"] for name in STEPS}
     try:
