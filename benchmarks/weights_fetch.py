@@ -58,7 +58,7 @@ server {{
     sendfile on;
 }}
 """
-MODULE_UTILS = ("_weights.py", "_weights_fetch.py", "_hub_client.py")
+MODULE_UTILS = ("_weights_listing.py", "_weights_plan.py", "_weights_sources.py", "_weights_fetch.py", "_hub_client.py")
 
 
 # ---- on the controller ---------------------------------------------------------------------------
@@ -298,7 +298,12 @@ def fetch_one(args):
         progress = today.Progress(None, sum(step.bytes_needed for step in steps))
         today.fetch(source, steps, DEST, description, progress)
         return 0
-    from ansible_collections.llmops.vllm.plugins.module_utils import _hub_client, _weights, _weights_fetch
+    from ansible_collections.llmops.vllm.plugins.module_utils import (
+        _hub_client,
+        _weights_fetch,
+        _weights_plan,
+        _weights_sources,
+    )
 
     workers = args.workers or _weights_fetch.default_workers()
 
@@ -307,9 +312,9 @@ def fetch_one(args):
 
         source = _hub_client.LibrarySource(huggingface_hub, REPO, "main", args.hub)
     else:
-        source = _weights.open_source(REPO, "main", args.mirror, args.hub or _weights.HUB_ENDPOINT)
+        source = _weights_sources.open_source(REPO, "main", args.mirror, args.hub or _weights_sources.HUB_ENDPOINT)
     files = source.files()
-    steps = _weights.plan_fetch(files, DEST, description, ranges=args.fetch == "new", workers=workers)
+    steps = _weights_plan.plan_fetch(files, DEST, description, ranges=args.fetch == "new", workers=workers)
     progress = _weights_fetch.Progress(None, sum(step.bytes_needed for step in steps))
     manifest = _weights_fetch.Manifest(DEST, description, {file.path for file in files})
     if args.fetch == "library":

@@ -1,4 +1,5 @@
-"""Fixtures shared by unit and integration tests."""
+"""Fixtures shared by unit and integration tests, and `ansible_collections.llmops.vllm` importable from this
+checkout, as Ansible itself finds it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from ansible.utils.collection_loader._collection_finder import _AnsibleCollectionFinder
+
+COLLECTIONS_ROOT = Path(__file__).resolve().parents[1] / ".build" / "collections"
+
+
+def pytest_sessionstart(session):
+    link = COLLECTIONS_ROOT / "ansible_collections" / "llmops" / "vllm"
+    if not link.exists():
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(Path("../../../.."))
+    # The `ansible` package ships a regular ansible_collections package; Ansible's finder merges paths.
+    _AnsibleCollectionFinder(paths=[str(COLLECTIONS_ROOT)])._install()
+
 
 # A plain file, not a package module: the benchmark copies it onto the local host and runs it there.
 _SPEC = importlib.util.spec_from_file_location("hub_standin", Path(__file__).with_name("hub_standin.py"))

@@ -1,13 +1,16 @@
 # Copyright: llmops.vllm contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Filters that turn a deployment spec into the text of a systemd unit and its EnvironmentFile, check the
-instances of a host for clashes, and do the arithmetic of a swap and of a tune."""
+instances of a host for clashes, and keep the books of a swap and of a tune."""
 
 from __future__ import annotations
+
+import functools
 
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.llmops.vllm.plugins.module_utils._catalog import CatalogError
+from ansible_collections.llmops.vllm.plugins.module_utils._clock import ClockError
 from ansible_collections.llmops.vllm.plugins.module_utils._instance_record import remote_url
 from ansible_collections.llmops.vllm.plugins.module_utils._instances import (
     InstanceError,
@@ -26,7 +29,9 @@ from ansible_collections.llmops.vllm.plugins.module_utils._swap import (
     budget_spent,
     new_instance,
     sleep_plan,
+    swap_outcome,
     swap_result,
+    to_deploy,
 )
 from ansible_collections.llmops.vllm.plugins.module_utils._systemd import (
     SystemdSyntaxError,
@@ -34,13 +39,17 @@ from ansible_collections.llmops.vllm.plugins.module_utils._systemd import (
     exec_line,
 )
 from ansible_collections.llmops.vllm.plugins.module_utils._table import records_table
+from ansible_collections.llmops.vllm.plugins.module_utils._task_failure import task_failure
 from ansible_collections.llmops.vllm.plugins.module_utils._tune import (
     TuneError,
+    count,
+    guard_command,
     outcome,
     over_budget,
     overlay_entry,
     plan_candidates,
     planned_rows,
+    runs,
 )
 
 
@@ -48,12 +57,18 @@ def _as_filter_error(function):
     def filter_function(*args, **kwargs):
         try:
             return function(*args, **kwargs)
-        except (CatalogError, InstanceError, ServeSpecError, SwapError, SystemdSyntaxError, TuneError) as error:
+        except (
+            CatalogError,
+            ClockError,
+            InstanceError,
+            ServeSpecError,
+            SwapError,
+            SystemdSyntaxError,
+            TuneError,
+        ) as error:
             raise AnsibleFilterError(str(error)) from error
 
-    filter_function.__name__ = function.__name__
-    filter_function.__doc__ = function.__doc__
-    return filter_function
+    return functools.wraps(function)(filter_function)
 
 
 class FilterModule:
@@ -70,12 +85,18 @@ class FilterModule:
             "vllm_instance_url": remote_url,
             "vllm_status_row": status_row,
             "vllm_swap_new_instance": _as_filter_error(new_instance),
+            "vllm_swap_outcome": _as_filter_error(swap_outcome),
             "vllm_swap_result": _as_filter_error(swap_result),
             "vllm_swap_sleep_plan": _as_filter_error(sleep_plan),
+            "vllm_swap_to_deploy": _as_filter_error(to_deploy),
+            "vllm_task_failure": task_failure,
             "vllm_rollout_budget_spent": _as_filter_error(budget_spent),
             "vllm_tune_candidates": _as_filter_error(plan_candidates),
+            "vllm_tune_count": _as_filter_error(count),
+            "vllm_tune_guard_command": _as_filter_error(guard_command),
             "vllm_tune_outcome": _as_filter_error(outcome),
             "vllm_tune_over_budget": _as_filter_error(over_budget),
             "vllm_tune_overlay": _as_filter_error(overlay_entry),
             "vllm_tune_rows": _as_filter_error(planned_rows),
+            "vllm_tune_runs": _as_filter_error(runs),
         }

@@ -48,7 +48,9 @@ def levels_csv(results: dict) -> str:
     writer.writeheader()
     for host, result in sorted(results.items()):
         for level in result["levels"]:
-            row = {**level, "host": host, "errors": " | ".join(level.get("errors") or [])}
+            row = {**level, "host": host}
+            if "errors" in level:  # not one of the fields a result must have (LEVEL_FIELDS)
+                row["errors"] = " | ".join(level["errors"] or [])
             writer.writerow(row)
     return out.getvalue()
 

@@ -113,11 +113,19 @@ def memory_limits(gpus: list[Gpu], max_used_mib: int, baseline: dict | None, max
             raise GpuSelectionError(
                 f"baseline has no value for GPU {gpu.index} ({gpu.uuid}); its keys are {sorted(map(str, baseline))}"
             )
-        try:
-            limits[gpu.index] = int(baseline[key]) + max_above_baseline_mib
-        except (TypeError, ValueError):
-            raise GpuSelectionError(f"baseline value for GPU {key} is {baseline[key]!r}, not a number of MiB") from None
+        limits[gpu.index] = baseline_mib(key, baseline[key]) + max_above_baseline_mib
     return limits
+
+
+def baseline_mib(key, value) -> int:
+    """A baseline's MiB of one GPU; GpuSelectionError for a value that is not a number of MiB, 0 or more."""
+    try:
+        mib = None if isinstance(value, bool) else int(value)
+    except (TypeError, ValueError):
+        mib = None
+    if mib is None or mib < 0:
+        raise GpuSelectionError(f"baseline value for GPU {key} is {value!r}, not a number of MiB")
+    return mib
 
 
 def memory_state(gpus: list[Gpu], limits: dict) -> tuple[bool, list[dict]]:

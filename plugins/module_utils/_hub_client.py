@@ -22,19 +22,19 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
-from ansible_collections.llmops.vllm.plugins.module_utils._weights import (
-    MANIFEST_NAME,
-    PARTIAL_DIR,
-    RemoteFile,
-    WeightsError,
-    safe_relative_path,
-    sha256_of,
-)
 from ansible_collections.llmops.vllm.plugins.module_utils._weights_fetch import (
     hash_mismatch,
     missing_record,
     record_kept,
 )
+from ansible_collections.llmops.vllm.plugins.module_utils._weights_listing import (
+    MANIFEST_NAME,
+    PARTIAL_DIR,
+    RemoteFile,
+    WeightsError,
+    safe_relative_path,
+)
+from ansible_collections.llmops.vllm.plugins.module_utils._weights_plan import sha256_of
 
 CLIENTS = ("auto", "huggingface_hub", "builtin")
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import tempfile
 
+from ansible_collections.llmops.vllm.plugins.module_utils._file_writer import write_if_changed
+from ansible_collections.llmops.vllm.plugins.module_utils._instances import INSTANCE_NAME
 from ansible_collections.llmops.vllm.plugins.module_utils._systemd import environment_file, parse_environment_file
 from ansible_collections.llmops.vllm.plugins.module_utils._vllm_api import check_base_url
 
@@ -56,6 +57,16 @@ def local_url(host: str, port: int) -> str:
 def remote_url(record: dict, address: str) -> str:
     """Where the instance is reached from elsewhere (the controller), through the host's `address`."""
     return local_url(address, record["port"])
+
+
+def check_instance_name(name, option: str = "instance") -> str:
+    """`name` when it can name an instance (its record's file, its unit); RecordError naming `option` otherwise.
+
+    Checked before any record is read: a name such as '../x' must not reach a path.
+    """
+    if not isinstance(name, str) or not INSTANCE_NAME.match(name):
+        raise RecordError(f"{option} must be letters, digits and '_.-', starting with a letter or digit, got {name!r}")
+    return name
 
 
 def record_path(config_dir: str, instance: str) -> str:
@@ -231,39 +242,9 @@ def record_text(record: dict) -> str:
     return json.dumps(record, indent=2, sort_keys=True) + "\n"
 
 
-def file_differs(path: str, text: str, mode: int) -> bool:
-    """Whether the file lacks `text`, `mode`, or (when root asks) root's ownership."""
-    if current_text(path) != text:
-        return True
-    status = os.stat(path)
-    return status.st_mode & 0o7777 != mode or (os.geteuid() == 0 and (status.st_uid, status.st_gid) != (0, 0))
-
-
-def write_file(path: str, text: str, mode: int) -> bool:
-    """Make the file hold `text` with `mode` (and root's ownership, when root writes); True when it changed.
-
-    Atomic: a reader sees the old file or the new one, never a part.
-    """
-    if not file_differs(path, text, mode):
-        return False
-    descriptor, scratch = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".llmops-", suffix=".tmp")
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as scratch_file:
-            scratch_file.write(text)
-        os.chmod(scratch, mode)
-        if os.geteuid() == 0:
-            os.chown(scratch, 0, 0)
-        os.replace(scratch, path)
-    except BaseException:
-        if os.path.exists(scratch):
-            os.unlink(scratch)
-        raise
-    return True
-
-
 def write_record(path: str, record: dict) -> bool:
     """Write the record when it differs from the file's; True when it did."""
-    return write_file(path, record_text(record), RECORD_MODE)
+    return write_if_changed(path, record_text(record), RECORD_MODE)
 
 
 def environment_text(unit: str, variables: dict) -> str:
@@ -271,12 +252,3 @@ def environment_text(unit: str, variables: dict) -> str:
     return f"# Written by llmops.vllm (vllm_instance): the environment of {unit}, secrets included.\n" + (
         environment_file(variables)
     )
-
-
-def current_text(path: str) -> str | None:
-    """A file's text, None when there is none."""
-    try:
-        with open(path, encoding="utf-8") as current:
-            return current.read()
-    except FileNotFoundError:
-        return None

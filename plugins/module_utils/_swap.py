@@ -1,16 +1,18 @@
 # Copyright: llmops.vllm contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The arithmetic of a swap: which instance the new model gets, where the time went, when a rollout stops.
+"""The bookkeeping of a swap: which instance the new model gets, whether the old ones can sleep, what the swap
+ended as and where its time went, when a rollout stops.
 
-Pure functions over plain data (instance records, the registered results of llmops.vllm.vllm_service and
-gpu_memory_wait, clock readings in seconds); the vllm_swap and vllm_rollout roles call them as filters.
+Pure functions over plain data (instance records, the registered results of llmops.vllm.vllm_service,
+gpu_memory_wait and ansible.builtin.find, clock readings in seconds); the vllm_swap and vllm_rollout roles call
+them as filters.
 """
 
 from __future__ import annotations
 
-import numbers
 import re
 
+from ansible_collections.llmops.vllm.plugins.module_utils._clock import seconds
 from ansible_collections.llmops.vllm.plugins.module_utils._planner import DEFAULT_GPU_MEMORY_UTILIZATION
 
 # A swap's results, and those that count against a rollout's failure budget.
@@ -61,15 +63,6 @@ def new_instance(model, records, version, name="", replace="", port=None, gpus=N
     return {"name": name, "model": model, "port": chosen_port, "gpus": chosen_gpus}
 
 
-def _seconds(value, what) -> float:
-    if isinstance(value, bool) or not isinstance(value, (numbers.Real, str)):
-        raise SwapError(f"{what} must be a number of seconds, got {value!r}")
-    try:
-        return float(value)
-    except ValueError:
-        raise SwapError(f"{what} must be a number of seconds, got {value!r}") from None
-
-
 def meminfo_mib(text: str) -> dict:
     """MiB of each /proc/meminfo field (MemTotal, MemAvailable, ...)."""
     fields = {}
@@ -86,16 +79,26 @@ def _release(version: str) -> tuple:
     return tuple(int(part or 0) for part in match.groups()) if match else (0, 0, 0)
 
 
-def sleep_plan(old_records, new_instance, device, meminfo, weights_bytes, budget_mib=0) -> dict:
+def weights_bytes(found) -> dict:
+    """The bytes of each old instance's weights, by instance, from the registered loop of ansible.builtin.find
+    over their model paths (each item the instance's record)."""
+    return {
+        result["item"]["instance"]: sum(int(file["size"]) for file in result.get("files") or [])
+        for result in (found or {}).get("results") or []
+    }
+
+
+def sleep_plan(old_records, new_instance, device, meminfo, weights_found, budget_mib=0) -> dict:
     """Whether the instances that a swap replaces can sleep instead of stopping, checked before any change.
 
     old_records: the instance records of the instances replaced; new_instance: the planned new instance (its
     `port` and catalog `entry`); device: the build of vLLM on the host (cpu or cuda); meminfo: the text of
-    /proc/meminfo; weights_bytes: the bytes of each old instance's weights, by instance, which level 1 keeps in
-    CPU memory while it sleeps; budget_mib: the most CPU memory the sleeping weights may take, 0 for what the
-    host has available less HOST_MEMORY_RESERVE of its total. Returns `refusals` (one sentence each; empty
-    when the swap can sleep), the memory figures in MiB, and `fit_utilization`: the new instance's share of
-    each GPU, which must be free beside the sleeping ones before it starts.
+    /proc/meminfo; weights_found: the registered loop of ansible.builtin.find over the old instances' weights
+    (weights_bytes), which level 1 keeps in CPU memory while they sleep; budget_mib: the most CPU memory the
+    sleeping weights may take, 0 for what the host has available less HOST_MEMORY_RESERVE of its total. Returns
+    `refusals` (one sentence each; empty when the swap can sleep), the memory figures in MiB, and
+    `fit_utilization`: the new instance's share of each GPU, which must be free beside the sleeping ones before
+    it starts.
     """
     if isinstance(budget_mib, bool) or not isinstance(budget_mib, int) or budget_mib < 0:
         raise SwapError(f"the sleep's CPU memory budget must be 0 (what the host has) or more MiB, got {budget_mib!r}")
@@ -119,7 +122,8 @@ def sleep_plan(old_records, new_instance, device, meminfo, weights_bytes, budget
     memory = meminfo_mib(meminfo)
     available = memory.get("MemAvailable", 0) - int(memory.get("MemTotal", 0) * HOST_MEMORY_RESERVE)
     budget = min(budget_mib, available) if budget_mib else available
-    sleeping_bytes = sum(int(weights_bytes.get(record["instance"], 0)) for record in old_records)
+    sizes = weights_bytes(weights_found)
+    sleeping_bytes = sum(sizes.get(record["instance"], 0) for record in old_records)
     sleeping = round(sleeping_bytes / MIB, 1)
     if old_records and sleeping_bytes > budget * MIB:
         names = ", ".join(record["instance"] for record in old_records)
@@ -138,46 +142,98 @@ def sleep_plan(old_records, new_instance, device, meminfo, weights_bytes, budget
     }
 
 
-def load_seconds(started: dict | None) -> float:
+def to_deploy(planned, mode, device) -> list:
+    """The new instance as the vllm_deploy role takes it, in a list: a swap in sleep mode on a build that has it
+    starts it with sleep mode, so that the next swap can put it to sleep too."""
+    if mode not in MODES:
+        raise SwapError(f"mode must be one of {list(MODES)}, got {mode!r}")
+    if mode == "sleep" and device != "cpu":
+        return [{**planned, "entry": {**planned["entry"], "sleep_mode": True}}]
+    return [planned]
+
+
+def _models(records) -> str:
+    return ", ".join(record["model"] for record in records) or "nothing"
+
+
+def swap_outcome(
+    result, model, old=(), sleep=None, sleeping=False, keep_asleep=False, skip_reason="", failure="", rollback=""
+) -> dict:
+    """A swap's outcome for people, {result, msg, asleep}, as the switch-over ends.
+
+    result: unchanged (skipped when a skip_reason is given: the new instance is prepared and left stopped),
+    swapped, refused, rolled back or failed. old: the records of the instances replaced; sleep: the sleep plan
+    (its refusals, when sleep mode was asked for and the old instances stopped instead); sleeping: they slept;
+    keep_asleep: they are left asleep. failure: what made the swap fail (refused, rolled back, failed); rollback:
+    what made the rollback fail too.
+    """
+    asleep = []
+    if result == "unchanged" and skip_reason:
+        result, msg = "skipped", f"{skip_reason}; {model} is prepared but not started"
+    elif result == "unchanged":
+        msg = f"{model} already serves"
+    elif result == "swapped":
+        refusals = (sleep or {}).get("refusals") or []
+        msg = f"{model} serves"
+        if refusals:
+            msg += f"; sleep mode refused ({'; '.join(refusals)}), the old instances stopped instead"
+        names = [record["instance"] for record in old]
+        if sleeping and keep_asleep:
+            asleep = names
+        elif sleeping:
+            msg += f"; {', '.join(names)} slept, then stopped"
+    elif result == "refused":
+        msg = failure
+    elif result == "rolled back":
+        msg = f"{failure}; rolled back, {_models(old)} serves again"
+    elif result == "failed":
+        msg = f"{failure}; the rollback failed too ({rollback}); check the host"
+    else:
+        raise SwapError(f"an outcome is one of unchanged, swapped, refused, rolled back and failed, got {result!r}")
+    return {"result": result, "msg": msg, "asleep": asleep}
+
+
+def loadseconds(started: dict | None) -> float:
     """How long the new instance's start took: its phases when it served, the whole failed attempt when not."""
     started = started or {}
     if started.get("start"):
-        return _seconds(started["start"]["elapsed"], "start.elapsed")
-    return _seconds(started.get("elapsed", 0), "elapsed") if started.get("failed") else 0.0
+        return seconds(started["start"]["elapsed"], "start.elapsed")
+    return seconds(started.get("elapsed", 0), "elapsed") if started.get("failed") else 0.0
 
 
-def stop_seconds(stopped: dict | None) -> float:
+def stopseconds(stopped: dict | None) -> float:
     """The stops (or sleeps) of the replaced instances (a loop's registered results), as the module timed each."""
     results = (stopped or {}).get("results") or []
     return sum(
-        _seconds(result[step]["elapsed"], f"{step}.elapsed")
+        seconds(result[step]["elapsed"], f"{step}.elapsed")
         for result in results
         for step in ("stop", "sleep")
         if result.get(step)
     )
 
 
-def timings(clock: dict, stopped=None, memory=None, started=None) -> dict:
+def timings(clock: dict, now, stopped=None, memory=None, started=None) -> dict:
     """Where a swap's time went, in seconds rounded to 0.1.
 
-    clock: `prepared` (seconds the preparation took), and readings of one clock: `switch` (the switch-over
-    began), `down` (the first stop began; absent when nothing stopped), `rollback` (the rollback began),
-    `up` (a model served again; absent when none does: the downtime lasts until `now`) and `now`. The
-    downtime is split into the stops, the GPU memory wait, the new instance's load, the rollback, and the
-    collection's own part, the rest.
+    clock: readings of one clock, in seconds: `prepare` and `prepared` (the preparation began and ended; a
+    preparation that was refused never ended), `switch` (the switch-over began; absent when it did not), `down`
+    (the first stop began; absent when nothing stopped), `rollback` (the rollback began), `up` (a model served
+    again; absent or null when none does: the downtime lasts until `now`). The downtime is split into the stops,
+    the GPU memory wait, the new instance's load, the rollback, and the collection's own part, the rest.
     """
-    marks = {key: _seconds(value, f"clock.{key}") for key, value in clock.items() if value not in (None, "")}
-    now = marks["now"]
+    marks = {key: seconds(value, f"clock.{key}") for key, value in clock.items() if value not in (None, "")}
+    now = seconds(now, "now")
     up = marks.get("up", now)
     downtime = up - marks["down"] if "down" in marks else 0.0
     parts = {
-        "stop": stop_seconds(stopped),
-        "memory_wait": _seconds((memory or {}).get("elapsed", 0), "memory_wait"),
-        "load": load_seconds(started),
+        "stop": stopseconds(stopped),
+        "memory_wait": seconds((memory or {}).get("elapsed", 0), "memory_wait"),
+        "load": loadseconds(started),
         "rollback": up - marks["rollback"] if "rollback" in marks else 0.0,
     }
+    preparation = marks.get("prepared", now) - marks["prepare"] if "prepare" in marks else 0.0
     result = {
-        "seconds": marks.get("prepared", 0.0) + now - marks["switch"],
+        "seconds": preparation + (now - marks["switch"] if "switch" in marks else 0.0),
         "downtime": downtime,
         **parts,
         "overhead": max(downtime - sum(parts.values()), 0.0),
@@ -205,28 +261,32 @@ def summary_line(result: dict) -> str:
     )
 
 
-def swap_result(
-    outcome, host, old_records, new_model, new_version, clock, stopped=None, memory=None, started=None, mode="stop"
-):
-    """The vllm_swap_result of one host: outcome ({result, msg, asleep}) with what was swapped and where the time went.
+def swap_result(outcome, host, model, steps, now) -> dict:
+    """The vllm_swap_result of one host: the outcome ({result, msg, asleep}) with what was swapped and where the
+    time went.
 
-    mode: how the replaced instances left their GPUs, stopped or asleep; outcome's `asleep` names those that
-    still sleep at the end.
+    steps: what the swap did, as the role registered it: `old` (the records of the instances replaced), `record`
+    (the new instance's record; empty when none was written), `running` (the records of the model's own instance
+    when it serves already), `sleeping` (the old instances slept rather than stopped), `clock` (see timings), and
+    the registered results `stopped` (the loop that stopped or slept the old instances), `memory`
+    (gpu_memory_wait) and `started` (the new instance's start). now: the clock's reading now.
     """
     if outcome.get("result") not in RESULTS:
         raise SwapError(f"result must be one of {list(RESULTS)}, got {outcome.get('result')!r}")
-    if mode not in MODES:
-        raise SwapError(f"mode must be one of {list(MODES)}, got {mode!r}")
+    old_records = steps.get("old") or []
+    version = (steps.get("record") or {}).get("vllm_version") or next(
+        (record["vllm_version"] for record in steps.get("running") or []), ""
+    )
     result = {
         "host": host,
         "result": outcome["result"],
         "msg": outcome.get("msg", ""),
         "old": ", ".join(record["model"] for record in old_records) or "-",
-        "new": new_model,
-        "vllm": versions(old_records, new_version),
-        "mode": mode,
+        "new": model,
+        "vllm": versions(old_records, version),
+        "mode": "sleep" if steps.get("sleeping") else "stop",
         "asleep": list(outcome.get("asleep") or []),
-        **timings(clock, stopped, memory, started),
+        **timings(steps.get("clock") or {}, now, steps.get("stopped"), steps.get("memory"), steps.get("started")),
     }
     result["summary"] = summary_line(result)
     return result

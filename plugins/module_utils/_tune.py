@@ -1,6 +1,7 @@
 # Copyright: llmops.vllm contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The arithmetic of a tune: the candidates, their catalog entries, the resume key, the winner, the report.
+"""The bookkeeping of a tune: the candidates, their catalog entries, the resume key, the winner, the ledger of its
+time, the time budget, the guard's command, the report.
 
 A tune deploys layouts and server settings of one catalog entry in turn, benchmarks each and keeps the best.
 These pure functions take plain data (a checked catalog entry, the tune's options, the saved results, the
@@ -17,6 +18,7 @@ import json
 import numbers
 
 from ansible_collections.llmops.vllm.plugins.module_utils._catalog import DERIVED_KEYS, CatalogError, check_entry
+from ansible_collections.llmops.vllm.plugins.module_utils._clock import seconds
 from ansible_collections.llmops.vllm.plugins.module_utils._planner import Layout
 
 # The server settings that a grid or a candidate may set; the first two are keys of the catalog entry, the
@@ -33,6 +35,8 @@ LEVEL_FIELDS = (
     "max_concurrency", "completed", "failed", "duration", "output_throughput", "request_throughput",
     "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms", "p99_itl_ms", "median_e2el_ms",
 )  # fmt: skip
+# A run's ledger: seconds of loads, benchmarks and stops, and candidates run or taken from earlier runs.
+RUN_COUNTERS = ("loads_s", "benchmarks_s", "stops_s", "measured", "resumed")
 ENFORCE_EAGER = "--enforce-eager"
 BATCHED_TOKENS = "--max-num-batched-tokens"
 
@@ -290,14 +294,82 @@ def pareto_front(points):
     return front
 
 
-def over_budget(elapsed, spent, budget):
-    """Why the next candidate is not started: the budget would be spent by then at the mean cost so far."""
+def over_budget(laps, budget, started, now):
+    """Why the next candidate is not started: the budget would be spent by then at the mean cost so far.
+
+    laps: the clock's readings [start, end] of each candidate that ran; started: the tune began; now: the reading
+    now.
+    """
     if not budget:
         return ""
+    spent = [seconds(end, "a lap's end") - seconds(start, "a lap's start") for start, end in laps]
+    elapsed = seconds(now, "now") - seconds(started, "the tune's start")
     mean = sum(spent) / len(spent) if spent else 0.0
     if elapsed + mean <= budget:
         return ""
     return f"time budget: {elapsed:.0f} s spent of {budget:g} s, and a candidate takes about {mean:.0f} s"
+
+
+def _step_seconds(registered, step):
+    """The seconds that llmops.vllm.vllm_service timed for a step (start, stop) of its registered result; 0 for a
+    task that was skipped or took no such step."""
+    timed = (registered or {}).get(step) or {}
+    return float(timed.get("elapsed") or 0)
+
+
+def bench_seconds(bench):
+    """The seconds that a benchmark's levels took; 0 for none, or for one that failed."""
+    if not bench or bench.get("failed"):
+        return 0.0
+    return float(sum(level.get("duration") or 0 for level in bench.get("levels") or []))
+
+
+def count(run, swap=None, bench=None, stop=None, start=None, measured=False, resumed=False):
+    """A run's ledger (`started` and the counters of RUN_COUNTERS) with one more step counted, from its result.
+
+    swap: a vllm_swap_result (its load is a load, its rollback a stop); bench: a vllm_bench_result (its levels'
+    durations); stop, start: the registered result of llmops.vllm.vllm_service stopping or starting an instance;
+    measured: a candidate ran; resumed: a candidate was taken from an earlier run. With nothing, the counters of a
+    new run.
+    """
+    swap = swap or {}
+    ledger = {**run, **{key: run.get(key, 0) for key in RUN_COUNTERS}}
+    ledger["loads_s"] += float(swap.get("load") or 0) + _step_seconds(start, "start")
+    ledger["stops_s"] += _step_seconds(stop, "stop") + float(swap.get("rollback") or 0)
+    ledger["benchmarks_s"] += bench_seconds(bench)
+    ledger["measured"] += int(bool(measured))
+    ledger["resumed"] += int(bool(resumed))
+    return ledger
+
+
+def runs(run, saved, started, now):
+    """The runs of the report: those saved by earlier runs, then this one with its total so far."""
+    earlier = [item for item in (saved or {}).get("runs", []) if item.get("started") != run.get("started")]
+    return [*earlier, {**run, "total_s": seconds(now, "now") - seconds(started, "the tune's start")}]
+
+
+def guard_command(unit, after, instance, stop_unit="", start_unit=""):
+    """The argument list of systemd-run that arms the tune's guard, a timer `unit` that fires `after` seconds from
+    now. Its service stops and disables stop_unit (the candidate running, if any), then starts start_unit (the
+    tuned instance, if it served) without waiting for its load. No shell: each command is a line of the service
+    (ExecStartPre=, ExecStart=), and a failure of the stop or the disable (a unit already stopped) is ignored.
+    """
+    if isinstance(after, bool) or not isinstance(after, int) or after <= 0:
+        raise TuneError(f"the guard fires after a whole number of seconds above 0, got {after!r}")
+    for name in (unit, stop_unit, start_unit):
+        if name and (not isinstance(name, str) or any(char.isspace() for char in name)):
+            raise TuneError(f"{name!r} is not a unit name")
+    command = [
+        "systemd-run",
+        f"--unit={unit}",
+        f"--on-active={after}",
+        "--timer-property=AccuracySec=1s",
+        f"--description=llmops.vllm tune guard of {instance}",
+    ]
+    if stop_unit:
+        command += [f"--property=ExecStartPre=-systemctl stop {stop_unit}",
+                    f"--property=ExecStartPre=-systemctl disable {stop_unit}"]  # fmt: skip
+    return command + (["systemctl", "start", "--no-block", start_unit] if start_unit else ["true"])
 
 
 def time_split(run):
@@ -308,10 +380,10 @@ def time_split(run):
             "overhead_s": round(max(total - sum(parts.values()), 0.0), 1)}  # fmt: skip
 
 
-def outcome(candidate, swap=None, bench=None, bench_s=0.0, refusal="", plan=""):
+def outcome(candidate, swap=None, bench=None, refusal="", plan=""):
     """The report's row of one candidate: what the planner, the swap and the benchmark made of it.
 
-    swap: its vllm_swap_result; bench: the vllm_bench result, or {failed, msg} when the benchmark failed;
+    swap: its vllm_swap_result; bench: its vllm_bench_result, or {failed, msg} when the benchmark failed;
     refusal: the planner's reason; plan: what the planner found of a layout it passed. A candidate that a saved run
     measured comes back as that run left it.
     """
@@ -328,7 +400,12 @@ def outcome(candidate, swap=None, bench=None, bench_s=0.0, refusal="", plan=""):
         return {**row, "verdict": "failed", "reason": swap.get("msg") or swap.get("result", "")}
     if not bench or bench.get("failed"):
         return {**row, "verdict": "failed", "reason": f"benchmark: {(bench or {}).get('msg', 'not run')}"}
-    return {**row, "verdict": "measured", "bench_s": round(float(bench_s), 1), "levels": level_figures(bench["levels"])}
+    return {
+        **row,
+        "verdict": "measured",
+        "bench_s": round(bench_seconds(bench), 1),
+        "levels": level_figures(bench["levels"]),
+    }
 
 
 def planned_rows(candidates, plans):

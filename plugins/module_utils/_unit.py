@@ -63,8 +63,19 @@ ENGINE_HISTORY_GREP = (
 )
 
 
+# The characters systemd allows in a unit name.
+UNIT_NAME = re.compile(r"[A-Za-z0-9:_.@\\-]+\Z")
+
+
 class UnitError(Exception):
     """A systemctl command failed."""
+
+
+def check_unit_name(name, option: str = "name") -> str:
+    """`name` when systemd could know a unit by it; ValueError naming `option` and the value otherwise."""
+    if not isinstance(name, str) or not UNIT_NAME.match(name):
+        raise ValueError(f"{option} must be a systemd unit name such as vllm-tiny.service, got {name!r}")
+    return name
 
 
 @dataclass(frozen=True)

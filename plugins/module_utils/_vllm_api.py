@@ -17,6 +17,8 @@ REQUESTS_WAITING = "vllm:num_requests_waiting"
 KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
 # A metric sample line: name, optional {labels}, value (the optional timestamp is ignored).
 METRIC_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)")
+# Seconds a request waits for the server's answer unless its caller says otherwise.
+REQUEST_TIMEOUT = 5.0
 # The server is reached directly, never through a proxy from the environment.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -41,11 +43,13 @@ def check_base_url(url: str) -> str:
     return f"{parsed.scheme}://{parsed.netloc}"
 
 
-def get(base_url: str, path: str, api_key: str | None = None, timeout: float = 5.0) -> Reply:
+def get(base_url: str, path: str, api_key: str | None = None, timeout: float = REQUEST_TIMEOUT) -> Reply:
     return _send(urllib.request.Request(base_url + path), api_key, timeout)
 
 
-def post(base_url: str, path: str, api_key: str | None = None, timeout: float = 5.0, body: dict | None = None) -> Reply:
+def post(
+    base_url: str, path: str, api_key: str | None = None, timeout: float = REQUEST_TIMEOUT, body: dict | None = None
+) -> Reply:
     """POST `body` as JSON, or nothing, as vLLM's control endpoints take (/sleep?level=1, /wake_up)."""
     data = b"" if body is None else json.dumps(body).encode("utf-8")
     request = urllib.request.Request(base_url + path, data=data, method="POST")
@@ -66,7 +70,7 @@ def _send(request: urllib.request.Request, api_key: str | None, timeout: float) 
         return Reply(None, "", error=str(getattr(error, "reason", None) or error))
 
 
-def is_sleeping(base_url: str, timeout: float = 5.0) -> bool | None:
+def is_sleeping(base_url: str, timeout: float = REQUEST_TIMEOUT) -> bool | None:
     """Whether the server sleeps (GET /is_sleeping); None when it has no sleep endpoints or does not answer.
 
     The endpoint exists only with VLLM_SERVER_DEV_MODE=1, which a server started with sleep mode has.
@@ -110,7 +114,7 @@ def metric_total(metrics_text: str, name: str) -> float | None:
     return sum(samples) if samples else None
 
 
-def requests_in_engine(base_url: str, timeout: float = 5.0) -> int | None:
+def requests_in_engine(base_url: str, timeout: float = REQUEST_TIMEOUT) -> int | None:
     """Running plus waiting requests from /metrics (open without the API key), or None when unreadable."""
     reply = get(base_url, "/metrics", timeout=timeout)
     if reply.status != 200:

@@ -75,7 +75,7 @@ class Settings:
     stop_timeout: float = 30.0
     drain_timeout: float | None = None  # None: the server's own --shutdown-timeout
     kill_timeout: float = 10.0
-    kill_orphans: bool = False
+    kill_orphans: bool = True
     orphan_grace: float = 5.0
     poll_interval: float = 1.0
     journal_lines: int = 40

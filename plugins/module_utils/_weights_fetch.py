@@ -26,16 +26,14 @@ import threading
 import time
 from collections import OrderedDict, deque
 
-from ansible_collections.llmops.vllm.plugins.module_utils._weights import (
+from ansible_collections.llmops.vllm.plugins.module_utils._weights_listing import (
     MANIFEST_NAME,
     PARTIAL_DIR,
-    ByteRanges,
-    RangeIgnored,
-    SourceError,
     WeightsError,
     read_manifest,
-    recorded_unchanged,
 )
+from ansible_collections.llmops.vllm.plugins.module_utils._weights_plan import ByteRanges, recorded_unchanged
+from ansible_collections.llmops.vllm.plugins.module_utils._weights_sources import RangeIgnored, SourceError
 
 # What one read from the source takes, and one write: measured on 2 cores against 1, 2 and 8 MiB, 4 MiB
 # cost the least CPU per byte (each worker holds one such buffer).

@@ -1,9 +1,10 @@
 # Copyright: llmops.vllm contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The model_weights module's options, checked before anything is read or written.
+"""The options of the modules that read weights (model_weights) or their config.json (vllm_plan), checked before
+anything is read or written.
 
 The argument spec checks types and choices; what it cannot say (absolute paths, names the hub accepts,
-numbers in range) is checked here, every option at once, each problem naming the option and its value.
+numbers in range) is checked here, every option at once, each problem named 'OPTION=VALUE: why'.
 """
 
 from __future__ import annotations
@@ -14,11 +15,8 @@ import urllib.parse
 
 from ansible.module_utils.common.text.formatters import human_to_bytes
 
-from ansible_collections.llmops.vllm.plugins.module_utils._weights import (
-    blocking_file,
-    repo_problem,
-    revision_problem,
-)
+from ansible_collections.llmops.vllm.plugins.module_utils._weights_listing import repo_problem, revision_problem
+from ansible_collections.llmops.vllm.plugins.module_utils._weights_plan import blocking_file
 
 MAX_WORKERS = 256
 
@@ -49,20 +47,45 @@ def _directory_problem(path):
     return None
 
 
-def problems(params, environ=None):
-    """Every wrong option as 'OPTION=VALUE: why'; empty when all are right."""
+def _problem(option, value, why):
+    return [f"{option}={value!r}: {why}"] if why else []
+
+
+def hub_problems(repo, revision, options=("source.repo", "source.revision")):
+    """What is wrong with a hub repository and its revision, under the names of their `options`."""
+    return _problem(options[0], repo, repo_problem(repo)) + _problem(options[1], revision, revision_problem(revision))
+
+
+def where_problems(mirror, hub_endpoint, environ=None):
+    """What is wrong with where the files come from: the mirror (a URL or a path), the hub's address."""
     environ = os.environ if environ is None else environ
+    found = []
+    if mirror and "://" in mirror:
+        found += _problem("mirror", mirror, url_problem(mirror))
+    elif mirror:
+        found += _problem(
+            "mirror", mirror, None if os.path.isabs(mirror) else "it must be an http(s) URL or an absolute path"
+        )
+    if hub_endpoint:
+        found += _problem("hub_endpoint", hub_endpoint, url_problem(hub_endpoint))
+    elif environ.get("HF_ENDPOINT"):
+        found += _problem(
+            "HF_ENDPOINT (the environment's hub)", environ["HF_ENDPOINT"], url_problem(environ["HF_ENDPOINT"])
+        )
+    return found
+
+
+def problems(params, environ=None):
+    """Every wrong option of model_weights as 'OPTION=VALUE: why'; empty when all are right."""
     found = []
 
     def check(option, value, problem):
-        if problem:
-            found.append(f"{option}={value!r}: {problem}")
+        found.extend(_problem(option, value, problem))
 
     check("path", params["path"], _directory_problem(params["path"]))
     source = params["source"]
     if source["kind"] == "hub":
-        check("source.repo", source["repo"], repo_problem(source["repo"]))
-        check("source.revision", source["revision"], revision_problem(source["revision"]))
+        found.extend(hub_problems(source["repo"], source["revision"]))
         for index, pattern in enumerate(source["allow_patterns"] or []):
             if not isinstance(pattern, str) or not pattern:
                 check(
@@ -73,15 +96,7 @@ def problems(params, environ=None):
     elif source["path"] is not None:
         check("source.path", source["path"], None if os.path.isabs(source["path"]) else "it must be an absolute path")
 
-    mirror = params["mirror"]
-    if mirror and "://" in mirror:
-        check("mirror", mirror, url_problem(mirror))
-    elif mirror:
-        check("mirror", mirror, None if os.path.isabs(mirror) else "it must be an http(s) URL or an absolute path")
-    if params["hub_endpoint"]:
-        check("hub_endpoint", params["hub_endpoint"], url_problem(params["hub_endpoint"]))
-    elif environ.get("HF_ENDPOINT"):
-        check("HF_ENDPOINT (the environment's hub)", environ["HF_ENDPOINT"], url_problem(environ["HF_ENDPOINT"]))
+    found.extend(where_problems(params["mirror"], params["hub_endpoint"], environ))
 
     margin = params["margin"]
     check("margin", margin, None if math.isfinite(margin) and margin >= 0 else "it must be a fraction of 0 or more")

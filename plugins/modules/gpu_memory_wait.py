@@ -199,6 +199,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.llmops.vllm.plugins.module_utils._gpu_memory import (
     VISIBLE_DEVICES,
     GpuSelectionError,
+    baseline_mib,
     describe,
     find_holders,
     fit_limits,
@@ -215,6 +216,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._nvidia import (
     open_backend,
 )
 from ansible_collections.llmops.vllm.plugins.module_utils._processes import terminate
+from ansible_collections.llmops.vllm.plugins.module_utils._unit import check_unit_name
 from ansible_collections.llmops.vllm.plugins.module_utils._wait import positive_seconds, wait_for
 
 try:
@@ -290,6 +292,11 @@ def main():
                 raise ValueError(f"{name} must be 0 MiB or more, got {params[name]}")
         if params["gpus"] is not None and (not params["gpus"] or not all(gpu.strip() for gpu in params["gpus"])):
             raise ValueError(f"gpus must name GPUs by index or UUID (or all), got {params['gpus']}")
+        for name in ("unit", "owner_unit"):
+            if params[name] is not None:
+                check_unit_name(params[name], name)
+        for key, value in (params["baseline"] or {}).items():
+            baseline_mib(key, value)
         wanted, gpus_from = wanted_gpus(module)
     except (ValueError, GpuSelectionError) as error:
         module.fail_json(msg=str(error))

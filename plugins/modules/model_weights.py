@@ -265,26 +265,27 @@ from ansible_collections.llmops.vllm.plugins.module_utils._hub_client import (
     choose_client,
     fetch_with_library,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._weights import (
-    WeightsError,
-    check_space,
-    disk_usage_free,
-    hub_endpoint,
-    local_files,
-    nearest_existing_directory,
-    open_source,
-    plan_fetch,
-    read_manifest,
-    required_free_bytes,
-    select_files,
-)
 from ansible_collections.llmops.vllm.plugins.module_utils._weights_fetch import (
     Fetcher,
     Manifest,
     Progress,
     default_workers,
 )
+from ansible_collections.llmops.vllm.plugins.module_utils._weights_listing import (
+    WeightsError,
+    local_files,
+    read_manifest,
+    select_files,
+)
 from ansible_collections.llmops.vllm.plugins.module_utils._weights_options import problems, reserve_bytes
+from ansible_collections.llmops.vllm.plugins.module_utils._weights_plan import (
+    check_space,
+    disk_usage_free,
+    nearest_existing_directory,
+    plan_fetch,
+    required_free_bytes,
+)
+from ansible_collections.llmops.vllm.plugins.module_utils._weights_sources import hub_endpoint, open_source
 
 
 def describe(step):

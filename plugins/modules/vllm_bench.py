@@ -22,7 +22,8 @@ description:
     controller (C(delegate_to)). With the Python package C(tokenizers) importable (the vLLM venv has it) and
     O(tokenizer) set, prompts are built from the model's vocabulary as C(vllm bench serve --dataset-name random)
     builds them; otherwise a fixed text of about O(input_len) words, distinct per request.
-  - Sets the fact C(vllm_bench). Reports (JSON, CSV, Markdown, plot) are written by M(llmops.vllm.vllm_bench_report).
+  - Sets the fact C(vllm_bench_result). Reports (JSON, CSV, Markdown, plot) are written by
+    M(llmops.vllm.vllm_bench_report).
 extends_documentation_fragment:
   - llmops.vllm.attributes
 attributes:
@@ -246,11 +247,11 @@ comparisons:
       change_percent: -2.25
       regressed: false
 ansible_facts:
-  description: The result as the fact C(vllm_bench) (C(levels), C(summary), C(comparisons)).
+  description: The result as the fact C(vllm_bench_result) (C(levels), C(summary), C(comparisons)).
   returned: unless in check mode
   type: dict
   contains:
-    vllm_bench:
+    vllm_bench_result:
       description: C(levels), C(summary) and C(comparisons), as above.
       type: dict
       returned: unless in check mode
@@ -263,22 +264,21 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.vllm.plugins.module_utils._bench import (
-    BenchError,
-    Target,
+from ansible_collections.llmops.vllm.plugins.module_utils._bench_error import BenchError
+from ansible_collections.llmops.vllm.plugins.module_utils._bench_prompts import fixed_prompts, random_token_prompts
+from ansible_collections.llmops.vllm.plugins.module_utils._bench_statistics import (
     describe_regression,
-    fixed_prompts,
     level_metrics,
-    random_token_prompts,
     regressions,
-    run_level,
 )
 from ansible_collections.llmops.vllm.plugins.module_utils._instance_record import (
     DEFAULT_CONFIG_DIR,
     RecordError,
     api_key,
+    check_instance_name,
     find,
 )
+from ansible_collections.llmops.vllm.plugins.module_utils._load_generator import Target, run_level
 
 try:
     import tokenizers
@@ -329,6 +329,14 @@ def _is_number(value):
 
 
 def check_options(params):
+    """Refuse a bad option before anything is read (the instance's record, a file) or sent; BenchError names it."""
+    if params["instance"] is not None:
+        try:
+            check_instance_name(params["instance"])
+        except RecordError as error:
+            raise BenchError(str(error)) from None
+    elif not params["model"] or any(char.isspace() for char in params["model"]):
+        raise BenchError(f"model must be the served model name, without spaces, got {params['model']!r}")
     bad = [level for level in params["concurrency"] if level < 1]
     if not params["concurrency"] or bad:
         raise BenchError(f"concurrency must list levels of 1 or more, got {params['concurrency']}")
@@ -338,8 +346,6 @@ def check_options(params):
     for name in ("warmup_requests", "seed"):
         if params[name] < 0:
             raise BenchError(f"{name} must be 0 or more, got {params[name]}")
-    if not params["model"] or any(char.isspace() for char in params["model"]):
-        raise BenchError(f"model must be the served model name, without spaces, got {params['model']!r}")
     if params["num_requests"] is not None and params["num_requests"] < 1:
         raise BenchError(f"num_requests must be 1 or more, got {params['num_requests']}")
     for name in ("duration", "request_timeout"):
@@ -459,6 +465,10 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
+    try:
+        check_options(params)
+    except BenchError as error:
+        module.fail_json(msg=str(error))
     if params["instance"] is not None:
         try:
             record = find(params["config_dir"], params["instance"])
@@ -468,7 +478,6 @@ def main():
         if params["api_key"]:
             module.no_log_values.add(params["api_key"])
     try:
-        check_options(params)
         baseline_levels = (
             read_baseline(params["baseline"], params["regression_metrics"]) if params["baseline"] is not None else None
         )
@@ -505,7 +514,7 @@ def main():
         messages += ["regression: " + describe_regression(item, params["max_regression_percent"]) for item in regressed]
     if messages:
         module.fail_json(msg="; ".join(messages), prompt_source=prompt_source, **result)
-    module.exit_json(changed=False, prompt_source=prompt_source, ansible_facts={"vllm_bench": result}, **result)
+    module.exit_json(changed=False, prompt_source=prompt_source, ansible_facts={"vllm_bench_result": result}, **result)
 
 
 if __name__ == "__main__":

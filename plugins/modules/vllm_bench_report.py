@@ -45,7 +45,7 @@ options:
 EXAMPLES = r"""
 - name: Reports of every host of the play, on the controller
   llmops.vllm.vllm_bench_report:
-    results: "{{ dict(ansible_play_hosts | zip(ansible_play_hosts | map('extract', hostvars, 'vllm_bench'))) }}"
+    results: "{{ dict(ansible_play_hosts | zip(ansible_play_hosts | map('extract', hostvars, 'vllm_bench_result'))) }}"
     dest: "{{ lookup('ansible.builtin.env', 'PWD') }}/bench-results/tiny"
   delegate_to: localhost
   run_once: true
@@ -96,6 +96,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._bench_report import (
     plot_png,
     result_json,
 )
+from ansible_collections.llmops.vllm.plugins.module_utils._file_writer import check_file_name, write_if_changed
 
 try:
     import matplotlib  # noqa: F401  pylint: disable=unused-import
@@ -147,14 +148,6 @@ def result_problem(host, result):
     return None
 
 
-def differs(path, content):
-    try:
-        with open(path, "rb") as handle:
-            return handle.read() != content
-    except FileNotFoundError:
-        return True
-
-
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -173,6 +166,11 @@ def main():
     problems = [
         problem for host, result in sorted(results.items()) for problem in [result_problem(host, result)] if problem
     ]
+    for host in sorted(results):
+        try:
+            check_file_name(host, "each host of results")
+        except ValueError as error:
+            problems.append(str(error))
     if not results or problems:
         module.fail_json(
             msg="results must map each host to its vllm_bench result (with summary and levels); "
@@ -188,17 +186,14 @@ def main():
             exception=MATPLOTLIB_IMPORT_ERROR,
         )
     table = fleet_markdown(results)
+    if not module.check_mode:
+        os.makedirs(dest, exist_ok=True)
     files, written = [], []
     for name, content in reports(results, formats):
         path = os.path.join(dest, name)
-        data = content.encode("utf-8") if isinstance(content, str) else content
         files.append(path)
-        if differs(path, data):
+        if write_if_changed(path, content, check_mode=module.check_mode):
             written.append(path)
-            if not module.check_mode:
-                os.makedirs(dest, exist_ok=True)
-                with open(path, "wb") as handle:
-                    handle.write(data)
     module.exit_json(changed=bool(written), files=files, written=written, table=table)
 
 

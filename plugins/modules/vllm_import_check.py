@@ -129,6 +129,9 @@ from ansible_collections.llmops.vllm.plugins.module_utils._vllm_native_ops impor
     verdict,
 )
 
+# A module to import: identifiers joined by dots.
+DOTTED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
+
 
 def main():
     module = AnsibleModule(
@@ -147,6 +150,12 @@ def main():
         module.fail_json(msg=f"venv must be an absolute directory, got {venv!r}")
     if not re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+", params["version"]):
         module.fail_json(msg=f"version must be a release X.Y.Z, got {params['version']!r}")
+    bad_modules = [name for name in params["modules"] if not DOTTED_NAME.fullmatch(name)]
+    if bad_modules:
+        module.fail_json(msg=f"modules must be Python module names such as pkg.mod, got {bad_modules}")
+    bad_plugins = [name for name in params["plugins"] if not name or any(char.isspace() for char in name)]
+    if bad_plugins:
+        module.fail_json(msg=f"plugins must be entry point names, without spaces, got {bad_plugins}")
     isa = read_isa_level()
     python = python_of(venv)
     if not os.path.exists(python):

@@ -34,7 +34,7 @@ attributes:
     support: full
 options:
   config_dir:
-    description: Directory of the records, created (mode 0755) when missing.
+    description: Directory of the records, an absolute path, created (mode 0755) when missing.
     type: path
     default: /etc/vllm
   instance:
@@ -42,7 +42,7 @@ options:
     type: str
     required: true
   unit:
-    description: The instance's systemd unit.
+    description: The instance's systemd unit, for example C(vllm-tiny.service).
     type: str
     required: true
   model:
@@ -67,11 +67,11 @@ options:
     elements: int
     default: []
   model_path:
-    description: Directory of the weights on the host.
+    description: Directory of the weights on the host, an absolute path.
     type: path
     required: true
   python:
-    description: Interpreter of the instance's vLLM venv.
+    description: Interpreter of the instance's vLLM venv, an absolute path.
     type: path
     required: true
   vllm_version:
@@ -110,7 +110,7 @@ options:
     description: The API key that clients must send; written to O(environment_file) alone, never logged.
     type: str
   unit_file:
-    description: The unit file to write, for example C(/etc/systemd/system/vllm-tiny.service).
+    description: The unit file to write, an absolute path such as C(/etc/systemd/system/vllm-tiny.service).
     type: path
     required: true
   unit_content:
@@ -184,28 +184,27 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.llmops.vllm.plugins.module_utils._file_writer import current_text, differs, write_if_changed
 from ansible_collections.llmops.vllm.plugins.module_utils._instance_record import (
     API_KEY_VARIABLE,
     DEFAULT_CONFIG_DIR,
     ENVIRONMENT_MODE,
     RECORD_MODE,
     UNIT_MODE,
-    RecordError,
     build_record,
-    current_text,
+    check_instance_name,
     environment_text,
-    file_differs,
     record_path,
     record_text,
-    write_file,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._instances import INSTANCE_NAME
-from ansible_collections.llmops.vllm.plugins.module_utils._systemd import SystemdSyntaxError
+from ansible_collections.llmops.vllm.plugins.module_utils._unit import check_unit_name
 
 # The records' directory, created when missing: everyone may read the records, the EnvironmentFiles are 0600.
 CONFIG_DIR_MODE = 0o755
 REQUIRED_TEXT = {"type": "str", "required": True}
 REQUIRED_INT = {"type": "int", "required": True}
+# Where the files go and what the unit runs: a relative path would depend on the module's working directory.
+ABSOLUTE_PATHS = ("config_dir", "unit_file", "model_path", "python")
 
 
 def wanted_files(params, record):
@@ -255,16 +254,16 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
-    if not INSTANCE_NAME.match(params["instance"]):
-        module.fail_json(
-            msg="instance must be letters, digits and '_.-', starting with a letter or digit, "
-            f"got {params['instance']!r}"
-        )
     secrets = {"environment_file": params["environment_file"], "api_key_variable": API_KEY_VARIABLE}
     try:
+        check_instance_name(params["instance"])
+        check_unit_name(params["unit"], "unit")
+        for name in ABSOLUTE_PATHS:
+            if not os.path.isabs(params[name]):
+                raise ValueError(f"{name} must be an absolute path, got {params[name]!r}")
         record = build_record({**params, "secrets": secrets})
         files = wanted_files(params, record)
-    except (RecordError, SystemdSyntaxError) as error:
+    except ValueError as error:  # RecordError and SystemdSyntaxError included
         module.fail_json(msg=str(error))
     config_dir = params["config_dir"]
     created = not os.path.exists(config_dir)
@@ -276,11 +275,11 @@ def main():
         # In check mode the records' directory may be one that this module would have created.
         if not os.path.isdir(directory) and not (module.check_mode and created and directory == config_dir):
             module.fail_json(msg=f"{directory} is not a directory; create it first")
-    changed = [(name, path, text, mode) for name, path, text, mode in files if file_differs(path, text, mode)]
+    changed = [(name, path, text, mode) for name, path, text, mode in files if differs(path, text, mode)]
     diff = [file_diff(name, path, text) for name, path, text, _mode in changed]
     if not module.check_mode:
         for _name, path, text, mode in changed:
-            write_file(path, text, mode)
+            write_if_changed(path, text, mode)
     module.exit_json(
         changed=bool(changed),
         changed_files=[name for name, *_rest in changed],

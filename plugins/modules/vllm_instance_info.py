@@ -225,6 +225,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._instance_record impor
     DEFAULT_CONFIG_DIR,
     RecordError,
     api_key,
+    check_instance_name,
     choose,
     read_records,
 )
@@ -328,7 +329,9 @@ def main():
     config_dir = module.params["config_dir"]
     try:
         timeout = positive_seconds(module.params["timeout"], "timeout")
-    except ValueError as error:
+        for name in module.params["instances"] or []:
+            check_instance_name(name, "instances")
+    except ValueError as error:  # RecordError included
         module.fail_json(msg=str(error))
     try:
         records = choose(read_records(config_dir), module.params["instances"], config_dir)

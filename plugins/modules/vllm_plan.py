@@ -43,7 +43,7 @@ options:
     type: dict
   config_path:
     description:
-      - Path on the host of the model's config.json, or of the directory that holds it.
+      - Absolute path on the host of the model's config.json, or of the directory that holds it.
       - When that directory holds C(*.safetensors) files and neither O(checkpoint_bytes) nor the entry's
         C(checkpoint_size) is set, their sizes are the checkpoint's size.
     type: path
@@ -213,16 +213,12 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.llmops.vllm.plugins.module_utils._catalog import DERIVED_KEYS, CatalogError, check_entry
-from ansible_collections.llmops.vllm.plugins.module_utils._planner import (
-    GIB,
-    PlanInputError,
-    failure_message,
-    gpu_list,
-    plan,
-)
+from ansible_collections.llmops.vllm.plugins.module_utils._model_shape import PlanInputError
+from ansible_collections.llmops.vllm.plugins.module_utils._planner import GIB, failure_message, gpu_list, plan
 from ansible_collections.llmops.vllm.plugins.module_utils._serve_command import ServeSpecError
-from ansible_collections.llmops.vllm.plugins.module_utils._weights import (
-    WeightsError,
+from ansible_collections.llmops.vllm.plugins.module_utils._weights_listing import WeightsError
+from ansible_collections.llmops.vllm.plugins.module_utils._weights_options import hub_problems, where_problems
+from ansible_collections.llmops.vllm.plugins.module_utils._weights_sources import (
     hub_endpoint,
     open_source,
     read_source_json,
@@ -259,8 +255,13 @@ def fetch_hub_config(module):
         )
 
 
-def option_problems(params):
-    """What is wrong with the numeric options, one phrase each; checked before the hub is asked."""
+def serve_options(params):
+    """The options that go into the planned serve arguments."""
+    return {name: params[name] for name in ("max_model_len", "model_path", "host", "port")}
+
+
+def option_problems(params, entry):
+    """What is wrong with the options, one phrase each; checked before config.json is read."""
     optional_at_least_one = ("checkpoint_bytes", "max_model_len")
     problems = [
         f"{name} must be a whole number of at least 1, got {params[name]}"
@@ -271,6 +272,25 @@ def option_problems(params):
         problems.append(f"timeout must be 1 second or more, got {params['timeout']}")
     if not 0 <= params["runtime_overhead_gib"] < math.inf:
         problems.append(f"runtime_overhead_gib must be 0 GiB or more, got {params['runtime_overhead_gib']}")
+    if params["config_path"] is not None and not os.path.isabs(params["config_path"]):
+        problems.append(f"config_path must be an absolute path, got {params['config_path']!r}")
+    if params["hub_repo"] is not None:
+        problems += hub_problems(params["hub_repo"], params["hub_revision"], ("hub_repo", "hub_revision"))
+    # The environment's hub counts only where the hub is asked.
+    problems += where_problems(params["mirror"], params["hub_endpoint"], None if params["hub_repo"] else {})
+    layout = params["layout"]
+    if not isinstance(layout, (str, dict)):
+        problems.append(f"layout must be auto, default, an alternative's name or a mapping, got {layout!r}")
+    else:
+        # Without config.json and GPUs the planner checks the layout's name or sizes and the serve options alone.
+        try:
+            plan(entry, layout=layout, **serve_options(params))
+        except (PlanInputError, ServeSpecError) as error:
+            problems.append(str(error))
+    try:
+        gpu_list(params["gpus"])
+    except PlanInputError as error:
+        problems.append(str(error))
     return problems
 
 
@@ -304,14 +324,7 @@ def main():
         entry = check_entry(name, {key: value for key, value in params["model"].items() if key not in DERIVED_KEYS})
     except CatalogError as error:
         module.fail_json(msg=str(error))
-    problems = option_problems(params)
-    layout = params["layout"]
-    if not isinstance(layout, (str, dict)):
-        problems.append(f"layout must be auto, default, an alternative's name or a mapping, got {layout!r}")
-    try:
-        gpu_list(params["gpus"])
-    except PlanInputError as error:
-        problems.append(str(error))
+    problems = option_problems(params, entry)
     if problems:
         module.fail_json(msg=f"Cannot plan {name}: " + "; ".join(problems))
 
@@ -329,13 +342,10 @@ def main():
             entry,
             config=config,
             gpus=params["gpus"],
-            layout=layout,
-            max_model_len=params["max_model_len"],
+            layout=params["layout"],
             checkpoint_bytes=params["checkpoint_bytes"] or entry["checkpoint_bytes"] or local_bytes,
             runtime_overhead_bytes=int(params["runtime_overhead_gib"] * GIB),
-            model_path=params["model_path"],
-            host=params["host"],
-            port=params["port"],
+            **serve_options(params),
         )
     except (PlanInputError, ServeSpecError) as error:
         module.fail_json(msg=f"Cannot plan {name}: {error}")

@@ -23,7 +23,7 @@ description:
     processes within 2 s of the engine's exit, and says so.
   - After a stop it looks for processes of the instance that outlived the unit (vLLM's EngineCore, workers
     and resource tracker of the last main process's session, or processes left in the unit's cgroup by
-    C(KillMode=process)), reports them and, with O(kill_orphans), ends them with SIGTERM then SIGKILL.
+    C(KillMode=process)), reports them and ends them with SIGTERM then SIGKILL (O(kill_orphans)).
   - Runs C(systemctl daemon-reload) first when the unit's files changed on disk, including a drop-in added
     or removed since systemd loaded the unit (which systemd itself does not notice).
   - Returns the duration of each phase.
@@ -112,9 +112,12 @@ options:
     type: float
     default: 10
   kill_orphans:
-    description: End the orphans found after a stop (SIGTERM, then SIGKILL after O(orphan_grace)).
+    description:
+      - End the orphans found after a stop (SIGTERM, then SIGKILL after O(orphan_grace)). An orphan may hold
+        GPU memory that the next start on those GPUs needs.
+      - V(false) reports them and leaves them running.
     type: bool
-    default: false
+    default: true
   orphan_grace:
     description: Seconds between SIGTERM and SIGKILL for orphans.
     type: float
@@ -153,7 +156,6 @@ EXAMPLES = r"""
     state: stopped
     drain_timeout: 60
     stop_timeout: 30
-    kill_orphans: true
   register: stopped
 
 - name: Show where the stop's time went
@@ -330,7 +332,6 @@ journal:
   elements: str
 """
 
-import re
 import time
 
 from ansible.module_utils.basic import AnsibleModule
@@ -338,20 +339,44 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.llmops.vllm.plugins.module_utils._instance_record import (
     DEFAULT_CONFIG_DIR,
     api_key,
+    check_instance_name,
     find,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._unit import Unit, UnitError, needs_daemon_reload
+from ansible_collections.llmops.vllm.plugins.module_utils._service_steps import Refused, Steps, condition, steps_to
+from ansible_collections.llmops.vllm.plugins.module_utils._unit import (
+    Unit,
+    UnitError,
+    check_unit_name,
+    needs_daemon_reload,
+)
 from ansible_collections.llmops.vllm.plugins.module_utils._vllm_api import check_base_url, is_sleeping
 from ansible_collections.llmops.vllm.plugins.module_utils._vllm_service import Lifecycle, ServiceError, Settings
 from ansible_collections.llmops.vllm.plugins.module_utils._wait import positive_seconds
 
 POSITIVE_SECONDS = ("load_timeout", "stop_timeout", "kill_timeout", "orphan_grace", "poll_interval")
 UNIT_SUFFIXES = (".service", ".scope", ".target", ".socket", ".mount", ".timer", ".path", ".slice")
-# The characters systemd allows in a unit name.
-UNIT_NAME = re.compile(r"[A-Za-z0-9:_.@\\-]+\Z")
 # Without an instance record: the unit's server on loopback, and bounds that fit a small model.
 DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_SECONDS = {"load_timeout": 600, "stop_timeout": 30}
+
+
+def check_options(params) -> None:
+    """Refuse a bad option before anything is read on the host; ValueError names the first, and its value."""
+    for name in POSITIVE_SECONDS:
+        if params[name] is not None:
+            positive_seconds(params[name], name)
+    drain = params["drain_timeout"]
+    if drain is not None and not drain >= 0:
+        raise ValueError(f"drain_timeout must be 0 (no drain) or more seconds, got {drain:g}")
+    if params["journal_lines"] < 1:
+        raise ValueError(f"journal_lines must be 1 or more, got {params['journal_lines']}")
+    if params["instance"] is not None:
+        check_instance_name(params["instance"])
+        return
+    check_unit_name(params["name"])
+    check_base_url(params["url"] or DEFAULT_URL)
+    if params["state"] != "stopped" and not params["served_name"]:
+        raise ValueError(f"served_name is required to start the unit (state={params['state']}), or give instance")
 
 
 def target_from(params) -> tuple[str, dict]:
@@ -361,8 +386,6 @@ def target_from(params) -> tuple[str, dict]:
     RecordError says why the instance cannot be used.
     """
     if params["instance"] is None:
-        if not UNIT_NAME.match(params["name"]):
-            raise ValueError(f"name must be a systemd unit name such as vllm-tiny.service, got {params['name']!r}")
         served = {"url": params["url"] or DEFAULT_URL, "served_name": params["served_name"]}
         return params["name"], {**served, "api_key": params["api_key"]}
     record = find(params["config_dir"], params["instance"])
@@ -372,19 +395,13 @@ def target_from(params) -> tuple[str, dict]:
 
 
 def settings_from(params, target: dict) -> Settings:
-    """Settings from the module's parameters over the target's; ValueError names the first bad one."""
+    """Settings from the module's checked parameters over the target's (a record checks its own)."""
     given = {name: params[name] for name in ("load_timeout", "stop_timeout", "drain_timeout")}
     chosen = {name: target.get(name) if given[name] is None else given[name] for name in given}
     for name, default in DEFAULT_SECONDS.items():
         chosen[name] = default if chosen[name] is None else chosen[name]
     seconds = {name: positive_seconds({**params, **chosen}[name], name) for name in POSITIVE_SECONDS}
     drain = chosen["drain_timeout"]
-    if drain is not None and not drain >= 0:
-        raise ValueError(f"drain_timeout must be 0 (no drain) or more seconds, got {drain:g}")
-    if params["journal_lines"] < 1:
-        raise ValueError(f"journal_lines must be 1 or more, got {params['journal_lines']}")
-    if params["state"] != "stopped" and not target["served_name"]:
-        raise ValueError(f"served_name is required to start the unit (state={params['state']}), or give instance")
     return Settings(
         url=check_base_url(target["url"]),
         served_name=target["served_name"],
@@ -424,6 +441,39 @@ def engine_death_summary(death: str, restarts: int) -> str:
     return f"its last run ended because {death}{restarted}"
 
 
+def run_steps(steps: Steps, lifecycle: Lifecycle, before, result: dict) -> list[str]:
+    """Carry out the steps, their reports into `result`; what each did, in words."""
+    messages = []
+    served_name = lifecycle.settings.served_name
+    if steps.stop:
+        stop = result["stop"] = lifecycle.stop(before)
+        result["changed"] |= bool(stop["orphans"]["terminated"] + stop["orphans"]["killed"])
+        messages.append(stop_summary(stop))
+    if steps.start:
+        # After a stop, the start follows the unit's new state (its run ended, a new invocation will begin).
+        start = result["start"] = lifecycle.start(lifecycle.unit.state() if steps.stop else before)
+        messages.append(
+            f"serving {served_name!r} {start['elapsed']:g} s after the start"
+            f" (systemd {start['systemd_start']:g} s, model load {start['load']:g} s)"
+        )
+    if steps.wake:
+        wake = result["wake"] = lifecycle.wake()
+        messages.append(
+            f"woke in {wake['wake']:g} s; serving {served_name!r} {wake['elapsed']:g} s after the wake-up"
+            " (a completion of one token answered)"
+        )
+    if steps.wait_ready:
+        waited = lifecycle.wait_ready()
+        if not steps.sleep:
+            messages.append(f"already running; serving {served_name!r} ({waited['elapsed']:g} s wait)")
+    if steps.sleep:
+        report = result["sleep"] = lifecycle.sleep(before)
+        drained = f"; drained {report['drain']['elapsed']:g} s" if report["drain"] else ""
+        aborted = f"; {report['aborted_requests']} requests aborted" if report["aborted_requests"] else ""
+        messages.append(f"asleep in {report['sleep']:g} s (level {report['level']}){drained}{aborted}")
+    return messages
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -438,7 +488,7 @@ def main():
             "drain_timeout": {"type": "float"},
             "stop_timeout": {"type": "float"},
             "kill_timeout": {"type": "float", "default": 10},
-            "kill_orphans": {"type": "bool", "default": False},
+            "kill_orphans": {"type": "bool", "default": True},
             "orphan_grace": {"type": "float", "default": 5},
             "poll_interval": {"type": "float", "default": 1},
             "journal_lines": {"type": "int", "default": 40},
@@ -450,6 +500,7 @@ def main():
     started = time.monotonic()
     state = module.params["state"]
     try:
+        check_options(module.params)
         name, target = target_from(module.params)
         settings = settings_from(module.params, target)
     except ValueError as error:  # RecordError included
@@ -489,54 +540,23 @@ def main():
         death = unit.last_engine_death(before.stopped) if before.restarts or not running else None
         result.update(restarts=before.restarts, engine_death=death)
         messages = [engine_death_summary(death, before.restarts)] if death else []
-        if state == "asleep" and not running:
-            module.fail_json(
-                msg=f"{name} is {before.active_state}: only a running server can go to sleep; start it first",
-                **{**result, "elapsed": elapsed(started)},
-            )
         # A server that sleeps answers /health: only its own word says whether it serves.
-        sleeping = lifecycle.asleep() if state == "asleep" else running and is_sleeping(settings.url)
+        sleeping = (lifecycle.asleep() if state == "asleep" else is_sleeping(settings.url)) if running else None
+        now = condition(before, sleeping)
+        try:
+            steps = steps_to(state, now)
+        except Refused as refused:
+            module.fail_json(
+                msg=f"{name} is {before.active_state}: {refused}", **{**result, "elapsed": elapsed(started)}
+            )
         if module.check_mode:
-            would_stop = state == "restarted" or (state == "stopped" and not before.stopped)
-            would_start = state == "restarted" or (state == "started" and not running)
-            would_wake_or_sleep = (state == "started" and bool(sleeping)) or (state == "asleep" and not sleeping)
-            orphans = [] if would_stop or state in ("started", "asleep") else lifecycle.find_orphans(before)
-            would_end_orphans = bool(orphans and settings.kill_orphans)
-            result["changed"] |= would_stop or would_start or would_wake_or_sleep or would_end_orphans
+            orphans = lifecycle.find_orphans(before) if steps.orphans_now else []
+            result["changed"] |= steps.changes or bool(orphans and settings.kill_orphans)
             result["orphans"] = [process.as_dict() for process in orphans]
         else:
-            if state in ("stopped", "restarted"):
-                result["stop"] = lifecycle.stop(before)
-                killed_orphans = result["stop"]["orphans"]["terminated"] + result["stop"]["orphans"]["killed"]
-                result["changed"] |= not before.stopped or bool(killed_orphans)
-                messages.append(stop_summary(result["stop"]))
-            if state == "restarted" or (state == "started" and not running):
-                result["start"] = lifecycle.start(unit.state() if state == "restarted" else before)
-                result["changed"] = True
-                start = result["start"]
-                messages.append(
-                    f"serving {settings.served_name!r} {start['elapsed']:g} s after the start"
-                    f" (systemd {start['systemd_start']:g} s, model load {start['load']:g} s)"
-                )
-            elif state == "started" and sleeping:
-                wake = result["wake"] = lifecycle.wake()
-                result["changed"] = True
-                messages.append(
-                    f"woke in {wake['wake']:g} s; serving {settings.served_name!r} {wake['elapsed']:g} s after the"
-                    " wake-up (a completion of one token answered)"
-                )
-            elif state == "started":
-                result["start"] = None
-                waited = lifecycle.wait_ready()
-                messages.append(f"already running; serving {settings.served_name!r} ({waited['elapsed']:g} s wait)")
-            elif state == "asleep" and not sleeping:
-                lifecycle.wait_ready()  # a server still loading has nothing to put to sleep yet
-                report = result["sleep"] = lifecycle.sleep(before)
-                result["changed"] = True
-                drained = f"; drained {report['drain']['elapsed']:g} s" if report["drain"] else ""
-                aborted = f"; {report['aborted_requests']} requests aborted" if report["aborted_requests"] else ""
-                messages.append(f"asleep in {report['sleep']:g} s (level {report['level']}){drained}{aborted}")
-            elif state == "asleep":
+            result["changed"] |= steps.changes
+            messages += run_steps(steps, lifecycle, before, result)
+            if state == now == "asleep":
                 messages.append("already asleep")
         after = unit.state()
         result["asleep"] = is_sleeping(settings.url) if not after.stopped else None

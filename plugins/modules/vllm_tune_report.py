@@ -30,11 +30,11 @@ attributes:
     support: full
 options:
   dest:
-    description: Directory of the reports; created when missing.
+    description: Directory of the reports, an absolute path; created when missing.
     type: path
     required: true
   host:
-    description: The tuned host's name; the files are named after it.
+    description: The tuned host's name; the files are named after it, so it has no C(/).
     type: str
     required: true
   model:
@@ -130,22 +130,10 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.llmops.vllm.plugins.module_utils._file_writer import check_file_name, write_if_changed
+from ansible_collections.llmops.vllm.plugins.module_utils._instance_record import check_instance_name
 from ansible_collections.llmops.vllm.plugins.module_utils._tune import TuneError, check_objective, time_split, winner
 from ansible_collections.llmops.vllm.plugins.module_utils._tune_report import markdown, svg
-
-
-def _write(module, path, content):
-    """Write `content` unless the file holds it already; True when written (or, in check mode, it would be)."""
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as handle:
-            if handle.read() == content:
-                return False
-    if not module.check_mode:
-        temporary = path + ".tmp"
-        with open(temporary, "w", encoding="utf-8") as handle:
-            handle.write(content)
-        os.replace(temporary, path)
-    return True
 
 
 def main():
@@ -166,6 +154,13 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
+    try:
+        if not os.path.isabs(params["dest"]):
+            raise ValueError(f"dest must be an absolute directory, got {params['dest']!r}")
+        check_file_name(params["host"], "host")
+        check_instance_name(params["instance"])
+    except ValueError as error:  # RecordError included
+        module.fail_json(msg=str(error))
     try:
         check_objective(params["concurrency"], params["slo"], params["workload"].get("concurrency"))
         report = {
@@ -189,7 +184,7 @@ def main():
     base = os.path.join(params["dest"], params["host"])
     contents = {f"{base}.json": json.dumps(report, indent=2, sort_keys=True) + "\n", f"{base}.md": table,
                 f"{base}.svg": plot}  # fmt: skip
-    changed = [_write(module, path, content) for path, content in contents.items()]
+    changed = [write_if_changed(path, content, check_mode=module.check_mode) for path, content in contents.items()]
     module.exit_json(
         changed=any(changed),
         winner=report["winner"],

@@ -12,6 +12,7 @@ import json
 import os
 import shlex
 import subprocess
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL_HOST = ROOT / "scripts" / "local-host.sh"
+HUB_STANDIN = ROOT / "tests" / "hub_standin.py"
 API_KEY = "integration-api-key-9d2e"
 ENDPOINT = "http://127.0.0.1:8000"
 SMALL_FS = "/srv/small"
@@ -90,6 +92,37 @@ def remove_instances(host: LocalHost, *instances: str) -> None:
             f"/var/lib/vllm/models/{instance}"
         )
     host.sh("systemctl daemon-reload")
+
+
+# Until the stand-in answers at all (its 401 to a request without the token is an answer).
+WAIT_FOR_HUB = """
+import time, urllib.error, urllib.request
+for _ in range(100):
+    try:
+        urllib.request.urlopen("{url}", timeout=5)
+    except urllib.error.HTTPError:
+        break
+    except OSError:
+        time.sleep(0.1)
+"""
+
+
+@contextmanager
+def hub_standin(host: LocalHost, root: str, port: int, token: str):
+    """The hub stand-in (tests/hub_standin.py) inside the host, serving the repositories under `root`
+    (owner/name/) behind `token`, its CDN on port + 1; yields its endpoint, stops it and removes `root` after."""
+    unit = f"llmops-hub-standin-{port}"
+    subprocess.run(["podman", "cp", str(HUB_STANDIN), f"{host.name}:/srv/hub_standin.py"], check=True, timeout=60)
+    host.sh(
+        f"systemctl stop {unit} 2>/dev/null; systemd-run --quiet --unit={unit}"
+        f" python3 /srv/hub_standin.py {root} --port {port} --cdn-port {port + 1} --token {token}"
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    host.sh(f"python3 - <<'EOF'\n{WAIT_FOR_HUB.format(url=endpoint + '/api/models/x/revision/main')}\nEOF")
+    try:
+        yield endpoint
+    finally:
+        host.sh(f"systemctl stop {unit}; rm -rf {root}")
 
 
 @pytest.fixture(scope="session")

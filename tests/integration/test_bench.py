@@ -42,7 +42,7 @@ def test_a_sweep_measures_every_level_with_vllm_field_names(sweep):
         assert level["duration"] * 1000 >= level["median_e2el_ms"]
         assert 0 < level["client_cpu_seconds"] < level["duration"]
     assert sweep["summary"]["completed"] == 18 and sweep["summary"]["failed"] == 0
-    assert sweep["ansible_facts"]["vllm_bench"]["levels"] == levels
+    assert sweep["ansible_facts"]["vllm_bench_result"]["levels"] == levels
 
 
 def test_the_chat_endpoint_is_measured_the_same_way(deployed):

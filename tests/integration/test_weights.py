@@ -12,29 +12,15 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-from .conftest import SMALL_FS
+from .conftest import SMALL_FS, hub_standin
 
-STANDIN = Path(__file__).resolve().parents[1] / "hub_standin.py"
 VENV_PYTHON = "/opt/vllm/venv/bin/python"
-HUB_PORT, CDN_PORT = 8093, 8094
-# Until the stand-in answers at all (its 401 to a request without the token is an answer).
-WAIT_FOR_HUB = """
-import time, urllib.error, urllib.request
-for _ in range(100):
-    try:
-        urllib.request.urlopen("{url}", timeout=5)
-    except urllib.error.HTTPError:
-        break
-    except OSError:
-        time.sleep(0.1)
-"""
+HUB_PORT = 8093
 
 MIRROR_ROOT = "/srv/mirror"
 MIRROR_URL = "http://127.0.0.1:8088"
@@ -288,17 +274,9 @@ def test_an_interrupted_fetch_says_what_is_missing_and_the_next_run_resumes_it(d
 @pytest.fixture(scope="module")
 def hub(deployed, mirror):
     """The hub stand-in inside the host, serving tiny as llmops/tiny; its endpoint."""
-    host = deployed
-    host.sh(f"rm -rf /srv/hub && mkdir -p /srv/hub/llmops && cp -r {MIRROR_ROOT}/{REPO} /srv/hub/{REPO}")
-    subprocess.run(["podman", "cp", str(STANDIN), f"{host.name}:/srv/hub_standin.py"], check=True)
-    host.sh(
-        "systemctl stop llmops-hub-standin 2>/dev/null; systemd-run --quiet --unit=llmops-hub-standin"
-        f" python3 /srv/hub_standin.py /srv/hub --port {HUB_PORT} --cdn-port {CDN_PORT} --token hf_integration"
-    )
-    endpoint = f"http://127.0.0.1:{HUB_PORT}"
-    host.sh(f"python3 - <<'EOF'\n{WAIT_FOR_HUB.format(url=endpoint + '/api/models/x/revision/main')}\nEOF")
-    yield endpoint
-    host.sh("systemctl stop llmops-hub-standin; rm -rf /srv/hub /srv/hub_standin.py")
+    deployed.sh(f"rm -rf /srv/hub && mkdir -p /srv/hub/llmops && cp -r {MIRROR_ROOT}/{REPO} /srv/hub/{REPO}")
+    with hub_standin(deployed, "/srv/hub", HUB_PORT, "hf_integration") as endpoint:
+        yield endpoint
 
 
 @pytest.mark.parametrize(

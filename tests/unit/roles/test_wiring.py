@@ -15,7 +15,12 @@ import yaml
 ROOT = Path(__file__).resolve().parents[3]
 ROLES = sorted(path.name for path in (ROOT / "roles").iterdir() if path.is_dir())
 PLAYBOOKS = sorted((ROOT / "playbooks").glob("*.yml"))
-IDENTIFIER = re.compile(r"\b(vllm_[a-z0-9_]+)")
+# A variable of the collection, a role's own internal ones (__vllm_ROLE_...) included.
+IDENTIFIER = re.compile(r"(?<![\w])(?:__)?(vllm_[a-z0-9_]+)")
+# A plugin or a role by its full name is not a variable.
+FULL_NAME = re.compile(r"llmops\.vllm\.\w+")
+# The inventory's own setting, as a playbook reads it (see test_playbooks_read_role_variables_from_the_inventory).
+INVENTORY_READ = re.compile(r"hostvars\[inventory_hostname\]\.(vllm_[a-z0-9_]+)")
 INCLUDES = ("ansible.builtin.include_role", "ansible.builtin.import_role", "include_role", "import_role")
 
 
@@ -51,31 +56,57 @@ def module_tasks(module):
 
 
 def strings(value):
-    """Every string value inside `value` (not the keys of its mappings)."""
+    """Every string value inside `value` (not the keys of its mappings, nor tags, which name no variable)."""
     if isinstance(value, str):
         yield value
     elif isinstance(value, dict):
-        for item in value.values():
-            yield from strings(item)
+        for key, item in value.items():
+            if key != "tags":
+                yield from strings(item)
     elif isinstance(value, list):
         for item in value:
             yield from strings(item)
 
 
+def identifiers(text):
+    return IDENTIFIER.findall(FULL_NAME.sub("", text))
+
+
 def owner(identifier):
-    """The role whose variable this is (the longest role name it starts with), or None (a role's own name too)."""
-    roles = [role for role in ROLES if identifier.startswith(role + "_")]
+    """The role whose variable this is (the longest role name it is or starts with), or None."""
+    roles = [role for role in ROLES if identifier == role or identifier.startswith(role + "_")]
     return max(roles, key=len) if roles else None
 
 
+def specs_of(role):
+    return yaml.safe_load((ROOT / "roles" / role / "meta" / "argument_specs.yml").read_text())["argument_specs"]
+
+
+def options_of(role, entry_point="main"):
+    """The inputs that an entry point declares; a task file without a spec of its own takes the role's (main)."""
+    specs = specs_of(role)
+    return specs.get(entry_point, specs["main"]).get("options", {})
+
+
+def all_options(role):
+    return {name: spec for entry_point in specs_of(role).values() for name, spec in entry_point["options"].items()}
+
+
+def includes_of(path):
+    """(task, role, entry point) of each role that a task file or playbook runs."""
+    for task in tasks_of(path):
+        for key in INCLUDES:
+            if key in task:
+                yield task, task[key]["name"].removeprefix("llmops.vllm."), task[key].get("tasks_from", "main")
+
+
 def included_roles(role):
-    return {
-        task[key]["name"].removeprefix("llmops.vllm.")
-        for path in role_files(role, "tasks")
-        for task in tasks_of(path)
-        for key in INCLUDES
-        if key in task
-    }
+    return {included for path in role_files(role, "tasks") for _task, included, _entry in includes_of(path)}
+
+
+def forwarded(role):
+    """The inputs that a role declares under the name of a role it runs: it passes them on as they are."""
+    return {name: spec for name, spec in all_options(role).items() if owner(name) != role}
 
 
 def foreign_reads(role):
@@ -85,11 +116,11 @@ def foreign_reads(role):
     for path in role_files(role, "tasks", "defaults", "vars"):
         # Only values are read: the keys are this role's variables, or the inputs it gives a role it includes.
         for text in strings(yaml.safe_load(path.read_text())):
-            for identifier in IDENTIFIER.findall(text):
+            for identifier in identifiers(text):
                 if owner(identifier) not in (None, role) and identifier not in allowed:
                     reads.append((path.relative_to(ROOT).as_posix(), identifier))
     for template in sorted((ROOT / "roles" / role / "templates").glob("*.j2")):
-        for identifier in IDENTIFIER.findall(template.read_text()):
+        for identifier in identifiers(template.read_text()):
             if owner(identifier) not in (None, role):
                 reads.append((template.relative_to(ROOT).as_posix(), identifier))
     return sorted(set(reads))
@@ -100,13 +131,67 @@ def test_a_role_reads_only_its_own_variables_and_the_results_of_roles_it_runs(ro
     assert foreign_reads(role) == []
 
 
+def facts_set(role):
+    """(file, name) of each variable that a role's tasks set: set_fact keys, registered results, loop variables."""
+    found = []
+    for path in role_files(role, "tasks"):
+        for task in tasks_of(path):
+            loop_var = (task.get("loop_control") or {}).get("loop_var")
+            names = [*(task.get("ansible.builtin.set_fact") or {}), task.get("register"), loop_var]
+            found += [(path.name, name) for name in names if name and name != "cacheable"]
+    return found
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_a_role_sets_its_own_internal_variables_and_its_result_alone(role):
+    """What a role keeps for itself is __ROLE_...; what it gives back is ROLE_result, documented at its door."""
+    assert [(path, name) for path, name in facts_set(role)
+            if not name.startswith(f"__{role}_") and name != f"{role}_result"] == []  # fmt: skip
+
+
+def test_the_read_of_another_role_s_output_is_caught():
+    """A role's output named as the role itself (the bench role's fact was once `vllm_bench`) is still that role's."""
+    assert owner("vllm_bench") == "vllm_bench" and owner("vllm_bench_result") == "vllm_bench"
+    assert owner("vllm_server_config_dir") == "vllm_server" and owner("vllm_gpus") is None
+    assert identifiers("{{ __vllm_swap_record.unit }} {{ x | llmops.vllm.vllm_swap_result }}") == ["vllm_swap_record"]
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_every_input_of_a_role_that_another_runs_is_given_by_it(role):
+    """A setting that the includer does not pass reached the included role from the inventory, behind the
+    includer's door: the tune's swap planned without the tune's hub token. Each input of the role run is passed,
+    or the includer declares it too, under the same name: then it is its input, which it forwards as it is."""
+    own = all_options(role)
+    missing = []
+    for path in role_files(role, "tasks"):
+        for task, included, entry_point in includes_of(path):
+            passed = set(task.get("vars") or {})
+            for name in options_of(included, entry_point):
+                if owner(name) == included and name not in passed and name not in own:
+                    missing.append(f"{path.name}: {included} ({entry_point}) {name}")
+    assert missing == []
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_a_forwarded_input_is_declared_as_its_owner_declares_it(role):
+    """A role's door lists what it forwards to a role it runs, typed as that role types it, and the owner's default
+    holds: the includer neither defaults it nor reads it."""
+    defaults = yaml.safe_load((ROOT / "roles" / role / "defaults" / "main.yml").read_text()) or {}
+    for name, spec in forwarded(role).items():
+        assert owner(name) in included_roles(role), f"{role} forwards {name}, of a role it does not run"
+        theirs = all_options(owner(name))[name]
+        for key in ("type", "elements", "choices", "default", "no_log", "required"):
+            assert spec.get(key) == theirs.get(key), f"{role}'s {name}: {key}"
+        assert name not in defaults, f"{role}'s {name}: the default is {owner(name)}'s"
+
+
 @pytest.mark.parametrize("role", ROLES)
 def test_every_role_declares_its_entry_points(role):
-    specs = yaml.safe_load((ROOT / "roles" / role / "meta" / "argument_specs.yml").read_text())["argument_specs"]
+    specs = specs_of(role)
     entry_points = {path.stem for path in role_files(role, "tasks")}
     assert "main" in specs and set(specs) <= entry_points
     defaults = yaml.safe_load((ROOT / "roles" / role / "defaults" / "main.yml").read_text()) or {}
-    options = set().union(*(spec.get("options", {}) for spec in specs.values()))
+    options = set(all_options(role)) - set(forwarded(role))
     assert set(defaults) == options, "defaults/main.yml and meta/argument_specs.yml must name the same variables"
 
 
@@ -118,6 +203,32 @@ def test_playbooks_are_lists_of_roles():
             assert all(any(key in task for key in INCLUDES) for task in tasks), (
                 f"{path.name}: a task that is not a role"
             )
+
+
+def playbook_values(path):
+    """The strings that a playbook gives its roles: their vars and the vars of the tasks that run them."""
+    for play in yaml.safe_load(path.read_text()):
+        for role in play.get("roles") or []:
+            yield from strings(role.get("vars") or {})
+        for task in (task for key in ("pre_tasks", "tasks", "post_tasks") for task in play.get(key) or []):
+            yield from strings(task.get("vars") or {})
+
+
+@pytest.mark.parametrize("path", PLAYBOOKS, ids=[path.name for path in PLAYBOOKS])
+def test_playbooks_read_role_variables_from_the_inventory(path):
+    """A playbook gives a role what the inventory says: vllm_swap_config_dir from vllm_server_config_dir. Read
+    plainly, vllm_server_config_dir would be the value that vllm_deploy passes on to vllm_server under that name,
+    which is vllm_swap_config_dir again: a loop. hostvars holds the inventory's (and -e's) setting alone."""
+    plays = yaml.safe_load(path.read_text())
+    ran = {included for _task, included, _entry in includes_of(path)} | {
+        role["role"].removeprefix("llmops.vllm.") for play in plays for role in play.get("roles") or []
+    }
+    plain = []
+    for text in playbook_values(path):
+        for identifier in identifiers(INVENTORY_READ.sub("", text)):
+            if owner(identifier) is not None and identifier not in {f"{name}_result" for name in ran}:
+                plain.append(identifier)
+    assert plain == []
 
 
 def test_every_reader_of_the_records_is_told_where_they_are():

@@ -1,9 +1,14 @@
+import inspect
+from pathlib import Path
+
 import pytest
+import yaml
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.llmops.vllm.plugins.filter.vllm import FilterModule
 
 FILTERS = FilterModule().filters()
+DOCS = Path(__file__).resolve().parents[4] / "plugins" / "filter"
 
 
 def test_serve_args_and_exec_line_compose():
@@ -39,3 +44,27 @@ def test_instance_clashes_become_filter_errors():
     assert FILTERS["vllm_displaced"](new, [{"instance": "a", "port": 8000, "gpus": []}]) == [
         {"instance": "a", "port": 8000, "gpus": []}
     ]
+
+
+@pytest.mark.parametrize("name", sorted(FILTERS))
+def test_every_filter_is_documented_as_its_function_takes_it(name):
+    """ansible-doc -t filter shows each filter, and its options are the function's arguments."""
+    documentation = yaml.safe_load((DOCS / f"{name}.yml").read_text())["DOCUMENTATION"]
+    assert documentation["name"] == name
+    function = getattr(FILTERS[name], "__wrapped__", FILTERS[name])
+    arguments = list(inspect.signature(function).parameters)[1:]
+    assert set(documentation["options"]) - {"_input"} == set(arguments), name
+
+
+def test_the_refusals_of_the_swap_s_and_the_tune_s_books_become_filter_errors():
+    with pytest.raises(AnsibleFilterError, match="an outcome is one of"):
+        FILTERS["vllm_swap_outcome"]("prepared", "tiny")
+    with pytest.raises(AnsibleFilterError, match="whole number of seconds above 0"):
+        FILTERS["vllm_tune_guard_command"]("llmops-vllm-tune-guard-tiny", 0, "tiny")
+    with pytest.raises(AnsibleFilterError, match="now must be a number of seconds"):
+        FILTERS["vllm_tune_runs"]({"started": "a"}, {}, 0, "later")
+
+
+def test_a_failed_loop_says_why_through_the_filter():
+    loop = {"failed": True, "msg": "One or more items failed", "results": [{"failed": True, "msg": "tiny hung"}]}
+    assert FILTERS["vllm_task_failure"](loop, "Stop the old instances") == "Stop the old instances: tiny hung"

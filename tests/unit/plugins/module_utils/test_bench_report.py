@@ -2,7 +2,6 @@ import csv
 import io
 import json
 
-from ansible_collections.llmops.vllm.plugins.module_utils._bench import regressions
 from ansible_collections.llmops.vllm.plugins.module_utils._bench_report import (
     fleet_markdown,
     host_markdown,
@@ -10,6 +9,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._bench_report import (
     plot_png,
     result_json,
 )
+from ansible_collections.llmops.vllm.plugins.module_utils._bench_statistics import regressions
 
 
 def level(concurrency, throughput, ttft, failed=0, errors=()):

@@ -20,14 +20,14 @@ from ansible_collections.llmops.vllm.plugins.module_utils._hub_client import (
     choose_client,
     fetch_with_library,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._weights import (
+from ansible_collections.llmops.vllm.plugins.module_utils._weights_fetch import Manifest, Progress
+from ansible_collections.llmops.vllm.plugins.module_utils._weights_listing import (
     MANIFEST_NAME,
     PARTIAL_DIR,
     WeightsError,
     local_files,
-    plan_fetch,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._weights_fetch import Manifest, Progress
+from ansible_collections.llmops.vllm.plugins.module_utils._weights_plan import plan_fetch
 
 huggingface_hub = pytest.importorskip("huggingface_hub")
 

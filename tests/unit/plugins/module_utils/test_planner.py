@@ -2,14 +2,13 @@
 
 import pytest
 
+from ansible_collections.llmops.vllm.plugins.module_utils._model_shape import PlanInputError, model_shape
 from ansible_collections.llmops.vllm.plugins.module_utils._planner import (
     GIB,
     Layout,
-    PlanInputError,
     check_kv_heads,
     failure_message,
     kv_bytes_per_token,
-    model_shape,
     plan,
 )
 
@@ -212,18 +211,6 @@ def test_config_without_heads_is_named(entry, seed_box):
 def test_unknown_layout_name_lists_the_choices(entry, config, seed_box):
     with pytest.raises(PlanInputError, match=r"layout 'ep4' is not auto, default, a mapping, or one of \['default', "):
         plan(entry("minimax_m25"), config("MiniMax-M2.5"), seed_box, "ep4")
-
-
-def test_ignore_lists_decide_which_parts_are_quantized(config):
-    kimi = model_shape(config("Kimi-K2.5"))
-    assert kimi.intermediate_sizes == {"routed experts": 2048, "shared experts": 2048, "dense MLP": 18432}
-    # Kimi's ignore list keeps attention, shared experts and the dense first layer in BF16.
-    assert kimi.quantized_parts == {"routed experts"}
-    assert (kimi.quantization, kimi.quantization_unit[0], kimi.mla_latent_dim) == ("int4", 32, 576)
-    minimax = model_shape(config("MiniMax-M2.5"))
-    # "gate" in modules_to_not_convert is the router, not the experts' gate_proj.
-    assert (minimax.intermediate_sizes, minimax.quantized_parts) == ({"routed experts": 1536}, {"routed experts"})
-    assert minimax.expert_byte_fraction > 0.95
 
 
 def test_int4_group_alignment_of_expert_shards(entry, config, seed_box):

@@ -5,13 +5,17 @@ import pytest
 import yaml
 
 from ansible_collections.llmops.vllm.plugins.module_utils._catalog import check_entry, serve_spec
+from ansible_collections.llmops.vllm.plugins.module_utils._clock import ClockError
 from ansible_collections.llmops.vllm.plugins.module_utils._planner import plan
 from ansible_collections.llmops.vllm.plugins.module_utils._serve_command import build_serve_args
 from ansible_collections.llmops.vllm.plugins.module_utils._tune import (
     TuneError,
+    bench_seconds,
     candidate_entry,
     check_objective,
+    count,
     expand,
+    guard_command,
     outcome,
     over_budget,
     overlay_entry,
@@ -19,6 +23,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._tune import (
     plan_candidates,
     planned_rows,
     resume_key,
+    runs,
     time_split,
     winner,
 )
@@ -167,9 +172,9 @@ def test_minimax_tp8_is_refused_for_fp8_alignment_and_ep8_passes():
 def test_outcomes_of_a_swap_and_a_benchmark():
     candidate = {**plan_candidates(entry(), {"workload": WORKLOAD})[0], "saved": None}
     swapped = {"result": "swapped", "load": 24.3, "msg": "serves"}
-    bench = {"levels": [{**level(1, 100.0, 20.0), "p90_ttft_ms": 30.0}]}
-    row = outcome(candidate, swapped, bench, 2.04)
-    assert (row["verdict"], row["load_s"], row["bench_s"]) == ("measured", 24.3, 2.0)
+    bench = {"levels": [{**level(1, 100.0, 20.0), "p90_ttft_ms": 30.0}, {**level(4, 300.0, 30.0), "duration": 3.04}]}
+    row = outcome(candidate, swapped, bench)
+    assert (row["verdict"], row["load_s"], row["bench_s"]) == ("measured", 24.3, 5.0)
     assert "p90_ttft_ms" not in row["levels"][0] and row["levels"][0]["median_ttft_ms"] == 20.0
     rolled = outcome(candidate, {"result": "rolled back", "load": 9.1, "msg": "failed while loading: ValueError"})
     assert (rolled["verdict"], rolled["load_s"]) == ("failed", 9.1)
@@ -224,10 +229,68 @@ def test_the_pareto_front_keeps_what_nothing_beats_on_both():
 
 
 def test_the_budget_stops_the_next_candidate_at_the_mean_cost():
-    assert over_budget(100, [], 0) == ""
-    assert over_budget(100, [], 120) == "", "the first candidate always runs"
-    assert over_budget(50, [40], 120) == ""
-    assert over_budget(90, [40, 50], 120) == "time budget: 90 s spent of 120 s, and a candidate takes about 45 s"
+    assert over_budget([], 0, 1000, 1100) == ""
+    assert over_budget([], 120, 1000, 1100) == "", "the first candidate always runs"
+    assert over_budget([[1005, 1045]], 120, 1000, 1050) == ""
+    assert over_budget([[1000, 1040], ["1040", "1090"]], 120, 1000, 1090) == (
+        "time budget: 90 s spent of 120 s, and a candidate takes about 45 s"
+    )
+    with pytest.raises(ClockError, match="now must be a number of seconds, got 'soon'"):
+        over_budget([], 120, 1000, "soon")
+
+
+def test_the_ledger_counts_each_step_from_its_own_result():
+    run = count({"started": "2026-12-03T14:00:00+00:00"})
+    assert run == {"started": "2026-12-03T14:00:00+00:00", "loads_s": 0, "benchmarks_s": 0, "stops_s": 0,
+                   "measured": 0, "resumed": 0}  # fmt: skip
+    run = count(run, stop={"changed": True, "stop": {"elapsed": 1.5}})
+    run = count(run, resumed=True)
+    rolled_back = {"result": "rolled back", "load": 30.0, "rollback": 12.5}
+    run = count(run, swap=rolled_back, bench={}, stop={"skipped": True}, measured=True)
+    swapped = {"result": "swapped", "load": 20.0, "rollback": 0.0}
+    bench = {"levels": [level(1, 100, 20), level(4, 300, 30)]}
+    run = count(run, swap=swapped, bench=bench, stop={"stop": {"elapsed": 2.0}}, measured=True)
+    run = count(run, start={"start": {"elapsed": 8.0}})
+    assert run == {"started": "2026-12-03T14:00:00+00:00", "loads_s": 58.0, "benchmarks_s": 4.0, "stops_s": 16.0,
+                   "measured": 2, "resumed": 1}  # fmt: skip
+
+
+def test_a_benchmark_that_failed_took_no_benchmark_time():
+    assert bench_seconds({"failed": True, "msg": "C=4: 8 of 8 requests failed"}) == 0.0
+    assert bench_seconds(None) == 0.0
+    assert bench_seconds({"levels": [level(1, 1, 1), {**level(4, 1, 1), "duration": 0.5}]}) == 2.5
+
+
+def test_the_runs_of_the_report_end_with_this_one_and_its_total():
+    saved = {"runs": [{"started": "a", "total_s": 10.0}, {"started": "b", "total_s": 3.0}]}
+    assert runs({"started": "b", "measured": 1}, saved, 1000, 1042.5) == [
+        {"started": "a", "total_s": 10.0},
+        {"started": "b", "measured": 1, "total_s": 42.5},
+    ]
+    assert runs({"started": "c"}, {}, 5, 6) == [{"started": "c", "total_s": 1.0}]
+
+
+def test_the_guard_is_a_timer_whose_service_runs_each_command_as_a_line_of_its_own():
+    head = ["systemd-run", "--unit=llmops-vllm-tune-guard-tiny", "--on-active=1200", "--timer-property=AccuracySec=1s",
+            "--description=llmops.vllm tune guard of tiny"]  # fmt: skip
+    command = guard_command("llmops-vllm-tune-guard-tiny", 1200, "tiny", "vllm-tiny-tune.service", "vllm-tiny.service")
+    assert command == [
+        *head,
+        "--property=ExecStartPre=-systemctl stop vllm-tiny-tune.service",
+        "--property=ExecStartPre=-systemctl disable vllm-tiny-tune.service",
+        "systemctl", "start", "--no-block", "vllm-tiny.service",
+    ]  # fmt: skip
+    # Before the first candidate nothing is to be stopped; an instance that did not serve is not started.
+    assert guard_command("llmops-vllm-tune-guard-tiny", 1200, "tiny", "", "") == [*head, "true"]
+
+
+@pytest.mark.parametrize(
+    ("after", "unit", "message"),
+    [(0, "vllm-tiny.service", "above 0"), ("900", "vllm-tiny.service", "above 0"), (60, "vllm tiny", "not a unit")],
+)
+def test_a_guard_that_cannot_fire_as_meant_is_refused(after, unit, message):
+    with pytest.raises(TuneError, match=message):
+        guard_command("llmops-vllm-tune-guard-tiny", after, "tiny", unit)
 
 
 def test_the_time_split_gives_the_rest_to_the_collection():

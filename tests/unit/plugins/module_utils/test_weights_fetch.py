@@ -17,16 +17,21 @@ import threading
 import pytest
 
 from ansible_collections.llmops.vllm.plugins.module_utils import _weights_fetch
-from ansible_collections.llmops.vllm.plugins.module_utils._weights import (
+from ansible_collections.llmops.vllm.plugins.module_utils._weights_fetch import (
+    RETRIES,
+    Fetcher,
+    Manifest,
+    Progress,
+    default_workers,
+)
+from ansible_collections.llmops.vllm.plugins.module_utils._weights_listing import (
     MANIFEST_NAME,
     PARTIAL_DIR,
-    HubSource,
-    PathSource,
     WeightsError,
     local_files,
-    plan_fetch,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._weights_fetch import RETRIES, Fetcher, Manifest, Progress
+from ansible_collections.llmops.vllm.plugins.module_utils._weights_plan import plan_fetch
+from ansible_collections.llmops.vllm.plugins.module_utils._weights_sources import HubSource, PathSource
 
 REPO = "me/model"
 HUB = {"kind": "hub", "repo": REPO, "revision": "main"}
@@ -302,3 +307,31 @@ def test_many_files_over_many_workers_land_each_byte_once(hub_repo, monkeypatch)
     assert manifest_of(repo.dest)["complete"] is True
     assert_nothing_looks_whole_that_is_not(repo)
     assert len(local_files(repo.dest)) == len(sizes)
+
+
+def test_default_workers_follow_the_cores():
+    assert [default_workers(cpus) for cpus in (1, 2, 4, 8, 16, 64)] == [4, 4, 8, 16, 32, 32]
+    assert default_workers() >= 4
+
+
+def test_progress_reports_rate_and_eta(tmp_path):
+    now = [100.0]
+    progress = Progress(str(tmp_path / "progress.json"), needed=1000, interval=1.0, clock=lambda: now[0])
+    now[0] = 102.0
+    progress.begin("model-00001.safetensors")
+    progress.begin("model-00002.safetensors")
+    progress.advance(400)
+    written = json.loads((tmp_path / "progress.json").read_text())
+    assert written == {
+        "done_bytes": 400,
+        "needed_bytes": 1000,
+        "percent": 40.0,
+        "bytes_per_second": 200,
+        "eta_seconds": 3,
+        "elapsed_seconds": 2.0,
+        "file": "model-00001.safetensors",
+        "files_in_flight": 2,
+    }
+    now[0] = 102.5
+    progress.advance(100)
+    assert json.loads((tmp_path / "progress.json").read_text())["done_bytes"] == 400  # at most once a second

@@ -1,5 +1,6 @@
 """Bad input, as a new user gives it, is refused with a message that names the option and the value, and nothing
-happens: no request, no file, no GPU poll, no command. (vllm_service's cases are in test_vllm_service.py.)"""
+happens: no record or file read, no request, no file written, no GPU poll, no command. (vllm_service's cases are in
+test_vllm_service.py, vllm_import_check's and vllm_install_info's in theirs.)"""
 
 import math
 
@@ -13,6 +14,7 @@ from ansible_collections.llmops.vllm.plugins.modules import (
     vllm_instance,
     vllm_instance_info,
     vllm_plan,
+    vllm_tune_report,
 )
 
 # ---- vllm_instance: the record is never written from bad fields ---------------------------------------------
@@ -53,6 +55,10 @@ def record_args(tmp_path, **changes):
         ({"environment_file": "tiny.env"}, "has secrets {'environment_file': 'tiny.env'"),
         ({"environment": {"BAD NAME": "1"}}, "'BAD NAME' is not a valid environment variable name"),
         ({"environment": {"NCCL_DEBUG": "INFO\nEvil=1"}}, "the value of NCCL_DEBUG contains a control character"),
+        ({"unit": "vllm tiny.service"}, "unit must be a systemd unit name such as vllm-tiny.service, got 'vllm tiny"),
+        ({"python": "venv/bin/python"}, "python must be an absolute path, got 'venv/bin/python'"),
+        ({"model_path": "models/tiny"}, "model_path must be an absolute path, got 'models/tiny'"),
+        ({"unit_file": "vllm-tiny.service"}, "unit_file must be an absolute path, got 'vllm-tiny.service'"),
     ],
 )
 def test_the_instance_refuses_bad_fields_and_writes_nothing(run_module, tmp_path, changes, message):
@@ -77,6 +83,10 @@ def test_the_instance_needs_the_unit_s_directory(run_module, tmp_path):
         ({"timeout": -2}, "timeout must be more than 0 seconds, got -2.0"),
         ({"timeout": math.inf}, "timeout must be more than 0 seconds, got inf"),
         ({"metrics": "sometimes"}, "argument 'metrics' is of type str and we were unable to convert to bool"),
+        (
+            {"instances": ["tiny", "../etc"]},
+            "instances must be letters, digits and '_.-', starting with a letter or digit, got '../etc'",
+        ),
     ],
 )
 def test_instance_info_refuses_bad_options_before_reading(run_module, tmp_path, args, message, monkeypatch):
@@ -124,6 +134,22 @@ def test_the_benchmark_refuses_bad_options_before_any_request(run_module, server
     result = run_module(vllm_bench.main, {"url": url, "model": "tiny", **args}, fails=True)
     assert message in result["msg"]
     assert asked == []
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"seed": -3}, "seed must be 0 or more, got -3"),
+        ({"concurrency": [0]}, "concurrency must list levels of 1 or more, got [0]"),
+        ({"instance": "../tiny"}, "instance must be letters, digits and '_.-', starting with a letter or digit"),
+    ],
+)
+def test_the_benchmark_of_an_instance_refuses_bad_options_before_its_record_is_read(
+    run_module, tmp_path, monkeypatch, args, message
+):
+    monkeypatch.setattr(vllm_bench, "find", lambda *_args: pytest.fail("the record was read"))
+    result = run_module(vllm_bench.main, {"instance": "tiny", "config_dir": str(tmp_path), **args}, fails=True)
+    assert message in result["msg"]
 
 
 def test_the_benchmark_of_an_instance_without_a_record_names_the_instances(run_module, tmp_path):
@@ -179,6 +205,19 @@ CONFIG_URL = "/MiniMaxAI/MiniMax-M2.5/resolve/main/config.json"
             {"gpus": {"present": True, "gpus": [{"index": 0, "memory_total_mib": -1}]}},
             "GPU facts: GPU 0 has no memory_total_mib",
         ),
+        # A repository id that climbs out of a mirror (MIRROR/owner/name) or out of the hub's URL space.
+        ({"hub_repo": "../MiniMax-M2.5"}, "hub_repo='../MiniMax-M2.5': it must not contain '--' or '..'"),
+        ({"hub_repo": "MiniMaxAI/M2.5/x"}, "hub_repo='MiniMaxAI/M2.5/x': it must be owner/name, with one slash"),
+        ({"hub_revision": "main..x"}, "hub_revision='main..x': it contains '..'"),
+        ({"mirror": "mirror/models"}, "mirror='mirror/models': it must be an http(s) URL or an absolute path"),
+        ({"mirror": "http://"}, "mirror='http://': it must be an http:// or https:// URL with a host"),
+        ({"hub_endpoint": "huggingface.co"}, "hub_endpoint='huggingface.co': it must be an http:// or https:// URL"),
+        # The layout and the serve options, checked before config.json (they used to be, after it).
+        ({"layout": "ep4"}, "layout 'ep4' is not auto, default, a mapping, or one of ['default', 'dp8_ep', 'ep8']"),
+        ({"layout": {"tensor_parallel_size": 0}}, "layout.tensor_parallel_size must be a whole number of at least 1"),
+        ({"layout": {"tp": 4}}, "layout has unknown keys ['tp']"),
+        ({"port": 0}, "port must be a whole number from 1 to 65535, got 0"),
+        ({"host": ""}, "host must be a non-empty string, got ''"),
     ],
 )
 def test_the_plan_refuses_bad_options_before_asking_the_hub(run_module, hub_server, entry, args, message):
@@ -187,6 +226,13 @@ def test_the_plan_refuses_bad_options_before_asking_the_hub(run_module, hub_serv
     result = run_module(vllm_plan.main, {**base, **args}, fails=True)
     assert message in result["msg"] and result["msg"].startswith("Cannot plan minimax_m25: ")
     assert requests == []
+
+
+def test_the_plan_needs_an_absolute_config_path(run_module, entry, tmp_path, monkeypatch):
+    (tmp_path / "config.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    result = run_module(vllm_plan.main, {"model": entry("tiny"), "config_path": "config.json"}, fails=True)
+    assert result["msg"] == "Cannot plan tiny: config_path must be an absolute path, got 'config.json'"
 
 
 @pytest.mark.parametrize(
@@ -248,10 +294,16 @@ class NoPolls:
         ({"gpus": ["0", " "]}, "gpus must name GPUs by index or UUID (or all), got ['0', ' ']"),
         ({"grace": -1}, "grace must be more than 0 seconds, got -1.0"),
         ({"interval": math.inf}, "interval must be more than 0 seconds, got inf"),
+        ({"unit": "vllm tiny"}, "unit must be a systemd unit name such as vllm-tiny.service, got 'vllm tiny'"),
+        ({"owner_unit": "a;b"}, "owner_unit must be a systemd unit name such as vllm-tiny.service, got 'a;b'"),
+        # The baseline's values were read only after the GPUs had been polled.
+        ({"baseline": {"0": "lots"}}, "baseline value for GPU 0 is 'lots', not a number of MiB"),
+        ({"baseline": {"0": -5}}, "baseline value for GPU 0 is -5, not a number of MiB"),
     ],
 )
 def test_the_memory_wait_refuses_bad_options_before_any_poll(run_module, monkeypatch, args, message):
     monkeypatch.setattr(gpu_memory_wait, "open_backend", lambda *_args: NoPolls())
+    monkeypatch.setattr(gpu_memory_wait.AnsibleModule, "run_command", lambda *_args, **_kw: pytest.fail("ran"))
     result = run_module(gpu_memory_wait.main, args, fails=True)
     assert message in result["msg"]
 
@@ -294,6 +346,8 @@ LEVEL = {"max_concurrency": 1, "output_throughput": 90.0, "median_ttft_ms": 40.0
             "h1's level 1 lacks the numbers median_ttft_ms",
         ),
         ({"h1": {"levels": [LEVEL]}}, "h1 has no summary with model, endpoint"),
+        # A host is a file name of the report (HOST.json): it must not climb out of dest.
+        ({"../h1": {"summary": SUMMARY, "levels": [LEVEL]}}, "each host of results must be a file name, without '/'"),
     ],
 )
 def test_the_report_refuses_results_it_cannot_read_and_writes_nothing(run_module, tmp_path, results, message):
@@ -310,4 +364,27 @@ def test_the_report_needs_an_absolute_directory(run_module, tmp_path, monkeypatc
         run_module(vllm_bench_report.main, args, fails=True)["msg"]
         == "dest must be an absolute directory, got 'reports'"
     )
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- vllm_tune_report: nothing is written ------------------------------------------------------------------------
+
+TUNE = {"model": "tiny", "instance": "tiny-tune", "workload": {"concurrency": [1]},
+        "candidates": [{"name": "default", "key": "k1", "verdict": "measured", "levels": [LEVEL]}]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"host": "../../etc/cron.d/x"}, "host must be a file name, without '/', got '../../etc/cron.d/x'"),
+        ({"host": ".."}, "host must be a file name, without '/', got '..'"),
+        ({"instance": "tiny tune"}, "instance must be letters, digits and '_.-', starting with a letter or digit"),
+        ({"dest": "tune-results"}, "dest must be an absolute directory, got 'tune-results'"),
+    ],
+)
+def test_the_tune_report_refuses_bad_options_and_writes_nothing(run_module, tmp_path, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    base = {"dest": str(tmp_path / "reports" / "tiny"), "host": "it17", **TUNE}
+    result = run_module(vllm_tune_report.main, {**base, **args}, fails=True)
+    assert message in result["msg"]
     assert list(tmp_path.iterdir()) == []

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from ansible_collections.llmops.vllm.plugins.module_utils import _weights_fetch
-from ansible_collections.llmops.vllm.plugins.module_utils._weights import MANIFEST_NAME, PARTIAL_DIR
+from ansible_collections.llmops.vllm.plugins.module_utils._weights_listing import MANIFEST_NAME, PARTIAL_DIR
 from ansible_collections.llmops.vllm.plugins.modules import model_weights
 
 MODEL = bytes(range(256)) * 64

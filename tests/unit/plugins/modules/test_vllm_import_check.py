@@ -51,6 +51,14 @@ def test_another_release_or_device_fails(run, fake_vllm_venv):
     [
         ({"venv": "venv", **PINNED}, "venv must be an absolute directory, got 'venv'"),
         ({"venv": "/opt/vllm/venv", **PINNED, "version": "latest"}, "version must be a release X.Y.Z, got 'latest'"),
+        (
+            {"venv": "/opt/vllm/venv", **PINNED, "modules": ["llmops_vllm_dev_guard", "os; rm"]},
+            "modules must be Python module names such as pkg.mod, got ['os; rm']",
+        ),
+        (
+            {"venv": "/opt/vllm/venv", **PINNED, "plugins": [""]},
+            "plugins must be entry point names, without spaces, got ['']",
+        ),
     ],
 )
 def test_bad_input_is_refused_before_anything_runs(run, args, message):

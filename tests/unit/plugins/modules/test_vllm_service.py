@@ -108,6 +108,26 @@ def test_bad_input_is_refused_before_any_command(run_module, tmp_path, commands,
     assert commands == []
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"load_timeout": -1}, "load_timeout must be more than 0 seconds, got -1.0"),
+        ({"kill_timeout": 0}, "kill_timeout must be more than 0 seconds, got 0.0"),
+        ({"drain_timeout": -3}, "drain_timeout must be 0 (no drain) or more seconds, got -3"),
+        ({"journal_lines": 0}, "journal_lines must be 1 or more, got 0"),
+        ({"instance": "../tiny"}, "instance must be letters, digits and '_.-', starting with a letter or digit"),
+    ],
+)
+def test_bad_input_with_an_instance_is_refused_before_its_record_is_read(
+    run_module, tmp_path, commands, monkeypatch, args, message
+):
+    monkeypatch.setattr(vllm_service, "find", lambda *_args: pytest.fail("the record was read"))
+    base = {"instance": "tiny", "config_dir": str(tmp_path), "state": "started"}
+    result = run_module(vllm_service.main, {**base, **args}, fails=True)
+    assert message in result["msg"]
+    assert commands == []
+
+
 def test_an_instance_whose_record_is_outdated_is_refused_before_any_command(run_module, tmp_path, commands):
     (tmp_path / "old.json").write_text(json.dumps({"instance": "old", "unit": "vllm-old.service", "port": 8000}))
     result = run_module(
@@ -115,3 +135,116 @@ def test_an_instance_whose_record_is_outdated_is_refused_before_any_command(run_
     )
     assert result["msg"].startswith("The instance record of old was written by an older release of llmops.vllm")
     assert commands == []
+
+
+# ---- one decision for check mode and the real run -------------------------------------------------------
+
+# systemctl show's answer for each condition of the unit (sleeping comes from the server's /is_sleeping).
+SHOW = {
+    "stopped": "ActiveState=inactive\nSubState=dead\nMainPID=0",
+    "restarting": "ActiveState=activating\nSubState=auto-restart\nMainPID=0",
+    "running": "ActiveState=active\nSubState=running\nMainPID=100",
+    "asleep": "ActiveState=active\nSubState=running\nMainPID=100",
+}
+ORPHAN_PID = 4242
+
+
+class Orphan:
+    def as_dict(self):
+        return {"pid": ORPHAN_PID, "cmdline": "VLLM::EngineCore"}
+
+
+@pytest.fixture
+def unit_in(monkeypatch):
+    """`unit_in(condition, orphan=False)`: the unit as systemd and the server describe it, and every act the
+    lifecycle is asked for recorded instead of done (the list returned)."""
+    acts = []
+
+    def set_up(unit_condition, orphan=False):
+        show = f"LoadState=loaded\n{SHOW[unit_condition]}\n"
+        sleeping = unit_condition == "asleep"
+        monkeypatch.setattr(
+            basic.AnsibleModule, "run_command", lambda self, command, **_: (0, show, "") if "show" in command else None
+        )
+        monkeypatch.setattr(vllm_service.Unit, "last_engine_death", lambda self, stopped: None)
+        monkeypatch.setattr(vllm_service, "is_sleeping", lambda url: sleeping if unit_condition != "stopped" else None)
+        monkeypatch.setattr(vllm_service.Lifecycle, "asleep", lambda self: sleeping)
+        monkeypatch.setattr(vllm_service.Lifecycle, "find_orphans", lambda self, before: [Orphan()] if orphan else [])
+
+        def stop(self, before):
+            acts.append("stop")
+            ended = [ORPHAN_PID] if orphan and self.settings.kill_orphans else []
+            orphans = {"found": [Orphan().as_dict()] if orphan else [], "terminated": ended, "killed": []}
+            report = {"in_flight": 0, "drain": None, "aborted_requests": 0, "escalated": False}
+            return {**report, "api_server_hang": None, "orphans": orphans, "elapsed": 1.0}
+
+        def act(step, report):
+            def record(self, *_before):
+                acts.append(step)
+                return report
+
+            monkeypatch.setattr(vllm_service.Lifecycle, step, record)
+
+        monkeypatch.setattr(vllm_service.Lifecycle, "stop", stop)
+        act("start", {"systemd_start": 0.1, "load": 1.0, "elapsed": 1.1})
+        act("wake", {"wake": 0.1, "elapsed": 0.2})
+        act("wait_ready", {"load": 0.0, "elapsed": 0.0})
+        act("sleep", {"level": 1, "drain": None, "aborted_requests": 0, "sleep": 0.5})
+        return acts
+
+    return set_up
+
+
+# The lifecycle's acts, in order, that each wanted state takes from each condition.
+ACTS = {
+    ("started", "stopped"): ["start"],
+    ("started", "restarting"): ["start"],
+    ("started", "running"): ["wait_ready"],
+    ("started", "asleep"): ["wake"],
+    ("stopped", "stopped"): ["stop"],  # for the orphans
+    ("stopped", "restarting"): ["stop"],
+    ("stopped", "running"): ["stop"],
+    ("stopped", "asleep"): ["stop"],
+    ("restarted", "stopped"): ["stop", "start"],
+    ("restarted", "restarting"): ["stop", "start"],
+    ("restarted", "running"): ["stop", "start"],
+    ("restarted", "asleep"): ["stop", "start"],
+    ("asleep", "running"): ["wait_ready", "sleep"],
+    ("asleep", "asleep"): [],
+}
+
+
+@pytest.mark.parametrize(("orphan", "kill_orphans"), [(False, True), (True, True), (True, False)])
+@pytest.mark.parametrize(("wanted", "unit_condition"), sorted(ACTS))
+def test_check_mode_predicts_what_the_real_run_does(run_module, unit_in, wanted, unit_condition, orphan, kill_orphans):
+    acts = unit_in(unit_condition, orphan)
+    args = {"name": "vllm-tiny.service", "state": wanted, "served_name": "tiny", "kill_orphans": kill_orphans}
+    predicted = run_module(vllm_service.main, {**args, "_ansible_check_mode": True})
+    assert acts == []
+    done = run_module(vllm_service.main, args)
+    assert acts == ACTS[wanted, unit_condition]
+    assert predicted["changed"] == done["changed"]
+    # An orphan of a stopped unit is found before the stop; others appear only once the unit has stopped.
+    if unit_condition == "stopped" and "stop" in acts:
+        assert predicted["orphans"] == done["stop"]["orphans"]["found"]
+    if wanted == unit_condition == "asleep":
+        assert done["msg"] == "vllm-tiny.service: already asleep"
+
+
+def test_an_orphan_is_ended_unless_asked_not_to(run_module, unit_in):
+    unit_in("stopped", orphan=True)
+    ended = run_module(vllm_service.main, {"name": "vllm-tiny.service", "state": "stopped"})
+    assert ended["changed"] and ended["stop"]["orphans"]["terminated"] == [ORPHAN_PID]
+    left = run_module(vllm_service.main, {"name": "vllm-tiny.service", "state": "stopped", "kill_orphans": False})
+    assert not left["changed"] and left["stop"]["orphans"]["terminated"] == []
+
+
+@pytest.mark.parametrize("check_mode", [True, False])
+@pytest.mark.parametrize("unit_condition", ["stopped", "restarting"])
+def test_only_a_running_server_goes_to_sleep(run_module, unit_in, unit_condition, check_mode):
+    acts = unit_in(unit_condition)
+    args = {"name": "vllm-tiny.service", "state": "asleep", "served_name": "tiny", "_ansible_check_mode": check_mode}
+    result = run_module(vllm_service.main, args, fails=True)
+    active = {"stopped": "inactive", "restarting": "activating"}[unit_condition]
+    assert result["msg"] == f"vllm-tiny.service is {active}: only a running server can go to sleep; start it first"
+    assert acts == []
