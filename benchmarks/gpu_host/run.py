@@ -21,8 +21,8 @@ Steps (in this order; --steps picks some, e.g. to split the run over two GPU com
   kill      SIGKILL of the engine core under 16 streams: systemd restarts the unit, status.yml says how it died
   share     two processes sharing a CUDA tensor under the unit's sandbox, with and without expandable segments
   swap      swap.yml to host_b by stop, back to host_a by sleep, then to host_broken, rolled back by wake-up
-  tune      tune.yml of host_a: a measured candidate, one the planner refuses, one that fails to start
   rollout   rollout.yml to host_b gated on the baseline (passes), then to host_slow (a regression, rolled back)
+  tune      tune.yml of host_a: a measured candidate, one the planner refuses, one that fails to start
   end       stop.yml of every instance; the units' state
 
 usage: python3 benchmarks/gpu_host/run.py --inventory INVENTORY --catalog DIR --out OUT [--steps a,b,...]
@@ -57,7 +57,9 @@ from ansible_collections.llmops.vllm.plugins.module_utils._instance_record impor
 
 HOST_SH = ROOT / "scripts" / "gpu-host" / "host.sh"
 STREAM_CLIENTS = ROOT / "tests" / "integration" / "stream_clients.py"
-STEPS = ("weights", "deploy", "bench", "stop", "kill", "share", "swap", "tune", "rollout", "end")
+# The rollout before the tune: it needs the bench step's baseline, and the tune takes longest (a GPU command that
+# runs out of time loses the last steps).
+STEPS = ("weights", "deploy", "bench", "stop", "kill", "share", "swap", "rollout", "tune", "end")
 CONFIG_DIR = Path("/etc/vllm")
 SECRETS_FILE = "secrets.json"
 STREAMS = 16
@@ -267,9 +269,26 @@ def summary(outcome: dict) -> dict:
     return {key: value for key, value in outcome.items() if key != "report"}
 
 
+def host_messages(journal_json: str) -> list[str]:
+    """The messages of `journalctl -o json` output, less Ansible's own: a module logs its arguments to the journal
+    (`ansible-MODULE: Invoked with ...`), the unit's text with its `SystemCallErrorNumber=EPERM` line among them,
+    which is the play's input, not what the host did."""
+    messages = []
+    for line in journal_json.splitlines():
+        entry = json.loads(line)
+        message = entry.get("MESSAGE")
+        if isinstance(message, list):  # journalctl gives a message that is not UTF-8 as its bytes
+            message = bytes(message).decode("utf-8", "replace")
+        if isinstance(message, str) and not str(entry.get("SYSLOG_IDENTIFIER", "")).startswith("ansible-"):
+            messages.append(message)
+    return messages
+
+
 def scan(host: GpuHost, since: float) -> dict:
     """The journal since `since` (and the kernel's log) for each alarm: the count and the first lines."""
-    lines = host.journal(since)
+    lines = host_messages(host.exec("journalctl", "--no-pager", "-o", "json", "--since", f"@{since:.0f}",
+                                    "--output-fields=SYSLOG_IDENTIFIER,MESSAGE", check=False))  # fmt: skip
+    lines = [line for message in lines for line in message.splitlines()]
     kernel = subprocess.run(["dmesg"], capture_output=True, text=True, check=False).stdout.splitlines()
     found = {}
     for name, pattern in JOURNAL_ALARMS.items():

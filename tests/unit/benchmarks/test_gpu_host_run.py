@@ -4,6 +4,7 @@ from a unit's journal (benchmarks/gpu_host/run.py)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -96,3 +97,21 @@ def test_vllms_phases_are_read_for_each_start_of_the_unit():
         {"weights_s": 1.8, "weights_gib": 2.05, "engine_init_s": 3.1},
         {"weights_s": 1.2, "weights_gib": 2.05},
     ]
+
+
+def test_the_journal_scan_leaves_out_what_ansible_logs_of_its_modules_arguments():
+    """On the H200 every deploy counted one 'Operation not permitted' alarm: the unit's text, with its
+    SystemCallErrorNumber=EPERM line, that the vllm_instance module's invocation logged as its argument."""
+    refused = "SHARE child-to-parent failed: pidfd_getfd: Operation not permitted"
+    entries = [
+        {
+            "SYSLOG_IDENTIFIER": "ansible-llmops.vllm.vllm_instance",
+            "MESSAGE": "Invoked with\nSystemCallErrorNumber=EPERM",
+        },
+        {"SYSLOG_IDENTIFIER": "python", "MESSAGE": refused},
+        {"SYSLOG_IDENTIFIER": "python", "MESSAGE": [83, 72, 65, 82, 69, 32, 255]},
+        {"SYSLOG_IDENTIFIER": "systemd", "MESSAGE": None},
+    ]
+    messages = run.host_messages("\n".join(json.dumps(entry) for entry in entries))
+    assert messages == [refused, "SHARE \ufffd"]
+    assert [m for m in messages if run.JOURNAL_ALARMS["operation_not_permitted"].search(m)] == [refused]
