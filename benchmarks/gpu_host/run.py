@@ -63,7 +63,6 @@ STEPS = ("weights", "deploy", "bench", "stop", "kill", "share", "swap", "rollout
 CONFIG_DIR = Path("/etc/vllm")
 SECRETS_FILE = "secrets.json"
 STREAMS = 16
-STREAM_TOKENS = 3000
 BENCH_LEVELS = [1, 8, 32, 128]
 # What must not appear in the journal after a run (the issue's list), and what a seccomp denial logs where the
 # kernel's audit reports one (a filter that returns EPERM logs nothing: then "Operation not permitted" shows it).
@@ -346,12 +345,12 @@ def serves(host: GpuHost, instance: str, key: str | None = None) -> dict:
 class Streams:
     """16 streamed completions against an instance, kept going until the server stops taking them."""
 
-    def __init__(self, host: GpuHost, instance: str, name: str):
+    def __init__(self, host: GpuHost, instance: str, name: str, tokens: int):
         record = host.record(instance)
         self.output = host.logs / f"streams-{name}.json"
         self.process = subprocess.Popen(
             [sys.executable, str(STREAM_CLIENTS), record["url"], record["served_name"], host.key_of(instance),
-             str(STREAMS), str(STREAM_TOKENS), str(self.output)],
+             str(STREAMS), str(tokens), str(self.output)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
 
@@ -452,7 +451,7 @@ def step_bench(results: Results, host: GpuHost, args):
 
 
 def step_stop(results: Results, host: GpuHost, args):
-    streams = Streams(host, "host_a", "stop")
+    streams = Streams(host, "host_a", "stop", args.stream_tokens)
     streaming = streams.wait_streaming()
     outcome = run_step(results, host, "stop", "with_streams", "stop.yml", {"instance": "host_a"})
     results.add("stop", "streams", {"streaming_before": streaming, **streams.outcome()})
@@ -477,7 +476,7 @@ def engine_core_pid(host: GpuHost, unit: str) -> int | None:
 def step_kill(results: Results, host: GpuHost, args):
     unit = unit_of("host_a")
     restarts_before = int(host.exec("systemctl", "show", "-p", "NRestarts", "--value", unit).strip() or 0)
-    streams = Streams(host, "host_a", "kill")
+    streams = Streams(host, "host_a", "kill", args.stream_tokens)
     streaming = streams.wait_streaming()
     pid = engine_core_pid(host, unit)
     if pid is None:
@@ -668,6 +667,8 @@ def main():
     parser.add_argument("--weights-to", default="/var/lib/llmops-gpu-host/models/llama-1b")
     parser.add_argument("--no-sleep", dest="sleep", action="store_false", help="the build has no sleep mode (CPU)")
     parser.add_argument("--restart-timeout", type=float, default=300)
+    # Enough to be streaming through a stop; within the catalog's max_model_len (the CPU catalog's tiny: 2048).
+    parser.add_argument("--stream-tokens", type=int, default=3000, help="tokens each of the 16 streams asks for")
     parser.add_argument("--gate-percent", type=float, default=25.0)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

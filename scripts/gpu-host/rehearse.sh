@@ -79,7 +79,8 @@ main() {
     cd $INSIDE/checkout
     bash scripts/gpu-host/host.sh up --carry .gpucarry --python /usr/bin/python3
     python3 benchmarks/gpu_host/run.py --inventory inventories/gpu-host-rehearsal \
-      --catalog benchmarks/gpu_host/catalog/cpu --out $INSIDE/out --no-sleep ${steps:+--steps $steps}
+      --catalog benchmarks/gpu_host/catalog/cpu --out $INSIDE/out --no-sleep --stream-tokens 1500 \
+      ${steps:+--steps $steps}
   " || log "the run failed (its results so far follow)"
   podman cp "$NAME:$INSIDE/out/." "$out/"
   log "results in $out: $(ls "$out" | tr '\n' ' ')"
