@@ -141,7 +141,7 @@ def local_host(tmp_path_factory) -> LocalHost:
     subprocess.run([LOCAL_HOST, "up"], check=True, env=env)
     inventory = tmp_path_factory.mktemp("inventory") / "hosts.yml"
     host_vars = {
-        "ansible_connection": "containers.podman.podman",
+        "ansible_connection": "llmops.vllm.podman",
         "ansible_python_interpreter": "/usr/bin/python3",
         "ansible_become": False,
         "vllm_install_wheelhouse": "/opt/wheelhouse",
