@@ -22,7 +22,8 @@ Steps (in this order; --steps picks some, e.g. to split the run over two GPU com
   share     two processes sharing a CUDA tensor under the unit's sandbox, with and without expandable segments
   swap      swap.yml to host_b by stop, back to host_a by sleep, then to host_broken, rolled back by wake-up
   rollout   rollout.yml to host_b gated on the baseline (passes), then to host_slow (a regression, rolled back)
-  tune      tune.yml of host_a: a measured candidate, one the planner refuses, one that fails to start
+  tune      tune.yml of host_a: a measured candidate, one the planner refuses, one that fails to start; then
+            with host_b in its place, a tune of host_a refused before any change
   end       stop.yml of every instance; the units' state
 
 usage: python3 benchmarks/gpu_host/run.py --inventory INVENTORY --catalog DIR --out OUT [--steps a,b,...]
@@ -561,6 +562,8 @@ def step_swap(results: Results, host: GpuHost, args):
 
 
 def step_tune(results: Results, host: GpuHost, args):
+    """tune.yml of host_a as it serves; then, with host_b swapped in on its port, a tune of host_a that is refused
+    before any change (the candidates would stop host_b and the tune would never start it again)."""
     report_dir = host.logs / "tune"
     tune = {
         "model": "host_a",
@@ -572,6 +575,9 @@ def step_tune(results: Results, host: GpuHost, args):
         "vllm_tune_report_dir": str(report_dir),
         "vllm_tune_fresh": True,
     }
+    if not serves(host, "host_a").get("done"):
+        # After the rollout step host_b serves in host_a's place.
+        run_step(results, host, "tune", "host_a_in_place", "swap.yml", {"model": "host_a"}, unit=unit_of("host_a"))
     outcome = run_step(results, host, "tune", "tune", "tune.yml", tune, unit=unit_of("host_a-tune"))
     reports = sorted(report_dir.glob("*.json"))
     if reports:
@@ -581,6 +587,10 @@ def step_tune(results: Results, host: GpuHost, args):
         ])  # fmt: skip
         results.add("tune", "winner", data.get("winner"))
     results.add("tune", "serves_after", serves(host, "host_a"))
+    run_step(results, host, "tune", "host_b_in_place", "swap.yml", {"model": "host_b"}, unit=unit_of("host_b"))
+    refused = {**tune, "vllm_tune_report_dir": str(host.logs / "tune-refused")}
+    run_step(results, host, "tune", "refused_while_host_b_serves", "tune.yml", refused)
+    results.add("tune", "host_b_serves_after_the_refusal", serves(host, "host_b"))
     return outcome
 
 

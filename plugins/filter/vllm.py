@@ -42,6 +42,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._table import records_
 from ansible_collections.llmops.vllm.plugins.module_utils._task_failure import task_failure
 from ansible_collections.llmops.vllm.plugins.module_utils._tune import (
     TuneError,
+    bystanders,
     count,
     guard_command,
     outcome,
@@ -91,6 +92,7 @@ class FilterModule:
             "vllm_swap_to_deploy": _as_filter_error(to_deploy),
             "vllm_task_failure": task_failure,
             "vllm_rollout_budget_spent": _as_filter_error(budget_spent),
+            "vllm_tune_bystanders": _as_filter_error(bystanders),
             "vllm_tune_candidates": _as_filter_error(plan_candidates),
             "vllm_tune_count": _as_filter_error(count),
             "vllm_tune_guard_command": _as_filter_error(guard_command),

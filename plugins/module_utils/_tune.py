@@ -19,6 +19,7 @@ import numbers
 
 from ansible_collections.llmops.vllm.plugins.module_utils._catalog import DERIVED_KEYS, CatalogError, check_entry
 from ansible_collections.llmops.vllm.plugins.module_utils._clock import seconds
+from ansible_collections.llmops.vllm.plugins.module_utils._instances import displaced
 from ansible_collections.llmops.vllm.plugins.module_utils._planner import Layout
 
 # The server settings that a grid or a candidate may set; the first two are keys of the catalog entry, the
@@ -346,6 +347,21 @@ def runs(run, saved, started, now):
     """The runs of the report: those saved by earlier runs, then this one with its total so far."""
     earlier = [item for item in (saved or {}).get("runs", []) if item.get("started") != run.get("started")]
     return [*earlier, {**run, "total_s": seconds(now, "now") - seconds(started, "the tune's start")}]
+
+
+def bystanders(tuned, records, candidate, gpu_count=0):
+    """The running instances, other than the tuned one, that the tune's candidates would stop and never start again.
+
+    tuned: the record of the tuned instance; records: the host's instance records; candidate: the name of the
+    candidates' instance. Each candidate takes the tuned instance's port and GPUs, and the swap machinery stops
+    whatever runs there; the tune brings back the tuned instance alone. A candidate left running by an earlier
+    run is not one: the tune stops it anyway.
+    """
+    if not isinstance(tuned, dict) or not {"instance", "port"} <= tuned.keys():
+        raise TuneError(f"the tuned instance's record needs its instance and port, got {tuned!r}")
+    new = {"name": candidate, "port": tuned["port"], "gpus": tuned.get("gpus") or []}
+    stopped = displaced(new, records, gpu_count)
+    return [record["instance"] for record in stopped if record["instance"] != tuned["instance"]]
 
 
 def guard_command(unit, after, instance, stop_unit="", start_unit=""):

@@ -11,6 +11,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._serve_command import 
 from ansible_collections.llmops.vllm.plugins.module_utils._tune import (
     TuneError,
     bench_seconds,
+    bystanders,
     candidate_entry,
     check_objective,
     count,
@@ -305,3 +306,31 @@ def test_the_overlay_is_the_model_s_own_entry_with_the_winner_s_layout_and_setti
     assert raw["source"] == {"kind": "generated"} and raw["max_num_seqs"] == 16
     assert raw["alternatives"] == {"tp3": {"tensor_parallel_size": 3}}
     assert check_entry("tiny_tune", raw)["max_num_seqs"] == 16
+
+
+def record(instance, port, gpus=(), state="active"):
+    return {"instance": instance, "port": port, "gpus": list(gpus), "active_state": state}
+
+
+def test_bystanders_are_the_running_instances_on_the_tuned_instance_s_port_or_gpus():
+    tuned = record("host_a", 8000, state="inactive")
+    records = [
+        tuned,
+        record("host_b", 8000),  # the port: the H200 run's case, host_a stopped by a rollout, host_b serving
+        record("host_c", 8001, gpus=[0]),  # the GPU
+        record("host_d", 8002, gpus=[1]),  # neither
+        record("host_e", 8000, state="inactive"),  # not running
+        record("host_a-tune", 8000),  # a candidate an interrupted run left: the tune stops it itself
+    ]
+    assert bystanders(tuned | {"gpus": [0]}, records, "host_a-tune", gpu_count=2) == ["host_b", "host_c"]
+
+
+def test_a_tuned_instance_without_gpus_listed_uses_them_all_and_no_other_instance_is_a_bystander_of_itself():
+    tuned = record("tiny", 8000)
+    assert bystanders(tuned, [tuned, record("other", 8001, gpus=[1])], "tiny-tune", gpu_count=2) == ["other"]
+    assert bystanders(tuned, [tuned, record("other", 8001)], "tiny-tune") == []
+
+
+def test_bystanders_need_the_tuned_instance_s_record():
+    with pytest.raises(TuneError, match="needs its instance and port"):
+        bystanders({}, [], "tiny-tune")
