@@ -25,6 +25,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._router import (
     environment_text,
     refusals,
     router_command,
+    routers_listing,
     status_rows,
     worker_url,
 )
@@ -108,6 +109,7 @@ class FilterModule:
             "vllm_router_environment": _as_filter_error(environment_text),
             "vllm_router_key": _as_filter_error(chosen_key),
             "vllm_router_record": _as_filter_error(build_record),
+            "vllm_router_listing": routers_listing,
             "vllm_router_refusals": refusals,
             "vllm_router_status_rows": status_rows,
             "vllm_router_worker_url": _as_filter_error(worker_url),

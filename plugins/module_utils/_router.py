@@ -497,3 +497,10 @@ def refusals(checked: list[dict], drained_urls: list[str]) -> list[str]:
                 f"cannot be its worker: {'; '.join(fit['reasons'])}"
             )
     return found
+
+
+def routers_listing(checked: list[dict], urls: list[str]) -> list[str]:
+    """The router hosts (the results' `item`) whose running router lists one of `urls`."""
+    return [
+        result["item"] for result in checked if any(worker["url"] in urls for worker in result["router"]["workers"])
+    ]
