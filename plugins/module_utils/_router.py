@@ -29,12 +29,11 @@ import os
 import urllib.parse
 from contextlib import contextmanager
 
+from ansible_collections.llmops.vllm.plugins.module_utils._file_writer import current_text, write_if_changed
 from ansible_collections.llmops.vllm.plugins.module_utils._instance_record import (
     WILDCARD_HOSTS,
-    current_text,
     local_url,
     remote_url,
-    write_file,
 )
 from ansible_collections.llmops.vllm.plugins.module_utils._systemd import environment_file, parse_environment_file
 from ansible_collections.llmops.vllm.plugins.module_utils._vllm_api import (
@@ -281,7 +280,7 @@ def read_workers(path: str) -> list[str]:
 
 
 def write_workers(path: str, urls: list[str]) -> bool:
-    return write_file(path, workers_text(urls), 0o644)
+    return write_if_changed(path, workers_text(urls), 0o644)
 
 
 @contextmanager
