@@ -312,20 +312,22 @@ def plan_workers(current: list[str], workers=None, add=(), remove=()) -> tuple[l
 
 
 def parse_worker_list(body: str) -> list[str]:
-    """The URLs of /list_workers ({"urls": [...]}); RouterError for another answer."""
+    """The URLs of /list_workers ({"urls": [...]}), sorted; RouterError for another answer."""
     try:
-        return check_worker_urls(json.loads(body)["urls"])
+        # The router lists them in its hash map's order, which changes from one start to the next.
+        return sorted(check_worker_urls(json.loads(body)["urls"]))
     except (ValueError, KeyError, TypeError) as error:
         raise RouterError(f"the router's /list_workers answered {body[:200]!r}, not a list of URLs") from error
 
 
 def parse_worker_states(body: str) -> list[dict]:
-    """Each worker of /workers with its health and the requests the router has in flight on it."""
+    """Each worker of /workers with its health and the requests the router has in flight on it, sorted by URL."""
     try:
-        return [
+        states = [
             {"url": check_base_url(worker["url"]), "healthy": bool(worker["is_healthy"]), "load": worker.get("load")}
             for worker in json.loads(body)["workers"]
         ]
+        return sorted(states, key=lambda state: state["url"])
     except (ValueError, KeyError, TypeError) as error:
         raise RouterError(f"the router's /workers answered {body[:200]!r}, not a list of workers") from error
 

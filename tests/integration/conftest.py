@@ -70,7 +70,10 @@ class LocalHost:
 
         `python` runs it with another interpreter on the host (the vLLM venv's, for tiny_model).
         """
-        command = ["ansible", self.name, "-i", str(self.inventory), "-m", module_name, "-a", json.dumps(args)]
+        command = ["ansible", self.name, "-i", str(self.inventory), "-m", module_name]
+        if args:
+            # Without options, no -a: Ansible takes `-a {}` for free-form text, which a module refuses.
+            command += ["-a", json.dumps(args)]
         if check_mode:
             command.append("--check")
         if python:
@@ -111,6 +114,12 @@ class Fleet:
         """Run a playbook of the collection against the fleet (narrow it with --limit in `args`)."""
         command = ["ansible-playbook", "-i", str(inventory or self.inventory), playbook, *args]
         return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, check=False)
+
+
+def unfolded(proc: subprocess.CompletedProcess) -> str:
+    """A playbook's stdout and stderr with each run of whitespace made one space: the yaml result format of
+    ansible.cfg folds a long message or table row over several lines, at a width that depends on its length."""
+    return " ".join((proc.stdout + proc.stderr).split())
 
 
 def remove_instances(host: LocalHost, *instances: str) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Fleet, LocalHost
+from .conftest import Fleet, LocalHost, unfolded
 from .router_load import StreamingLoad
 
 CATALOG = json.dumps({"vllm_catalog_paths": [str(Path(__file__).resolve().parent / "catalog")]})
@@ -40,6 +40,9 @@ ROUTER_VARS = {
 # The longest the router may send requests to a dead worker: failures in a row times the interval, and a timeout.
 HEALTH_BOUND = 2 * 2 + 2
 UNIT = "vllm-router.service"
+# Seconds each client thread waits between two requests (a request takes about 0.15 s here): the load goes on,
+# and the engine that serves it leaves a core to the host that starts a new one.
+LOAD_PAUSE = 0.5
 
 
 @dataclass
@@ -71,6 +74,10 @@ class Routed:
     def worker_url(self, host: LocalHost) -> str:
         return f"http://{host.address}:8000"
 
+    def worker_urls(self) -> list[str]:
+        """Both hosts' workers, in the order the modules give them (by URL)."""
+        return sorted(map(self.worker_url, self.fleet.hosts))
+
     def metrics(self) -> dict:
         """The router's own counts for /v1/completions, and each worker's processed requests."""
         with urllib.request.urlopen(self.metrics_url + "/metrics", timeout=10) as response:
@@ -94,7 +101,7 @@ class Routed:
         return counts
 
     def load(self, **kwargs) -> StreamingLoad:
-        return StreamingLoad(self.url, "tiny", self.router_host.api_key, **kwargs)
+        return StreamingLoad(self.url, "tiny", self.router_host.api_key, **{"pause": LOAD_PAUSE, **kwargs})
 
 
 def status_of(url: str, path: str, key: str | None = None, method: str = "GET") -> int:
@@ -142,9 +149,7 @@ def test_router_yml_puts_the_router_in_front_of_both_hosts(routed):
     host = routed.router_host
     router = routed.info()
     assert (router["active_state"], router["served_name"], router["port"]) == ("active", "tiny", ROUTER_PORT)
-    assert router["workers"] == [
-        {"url": routed.worker_url(each), "healthy": True, "load": 0} for each in routed.fleet.hosts
-    ]
+    assert router["workers"] == [{"url": url, "healthy": True, "load": 0} for url in routed.worker_urls()]
     with routed.load(concurrency=1) as load:
         load.wait_for_successes(4, timeout=120)
     # The unit: its own user, sandboxed; the key in the 0600 EnvironmentFile and nowhere else.
@@ -179,9 +184,7 @@ def test_without_the_key_nothing_of_the_router_answers_another_host(routed):
             "ansible.builtin.uri", url=routed.url + "/v1/models", headers=headers, status_code=[200, 401]
         )
         assert answer["status"] == expected, answer
-    assert [worker["url"] for worker in routed.info()["workers"]] == [
-        routed.worker_url(each) for each in routed.fleet.hosts
-    ]
+    assert [worker["url"] for worker in routed.info()["workers"]] == routed.worker_urls()
 
 
 def test_a_second_router_yml_changes_nothing(routed):
@@ -197,7 +200,7 @@ def test_status_yml_shows_the_router_its_workers_and_their_health(routed):
     host = routed.router_host.name
     for worker in routed.fleet.hosts:
         row = rf"{host} +\| http://127.0.0.1:{ROUTER_PORT} +\| tiny +\| active +\| {routed.worker_url(worker)} +\| "
-        assert re.search(row + "healthy ", proc.stdout), proc.stdout[-4000:]
+        assert re.search(row + "healthy ", unfolded(proc)), proc.stdout[-4000:]
 
 
 def test_a_rollout_of_both_hosts_behind_the_router_loses_no_request(routed):
@@ -212,16 +215,15 @@ def test_a_rollout_of_both_hosts_behind_the_router_loses_no_request(routed):
     report("rollout of both hosts", load, time.monotonic() - started, before, after)
     assert proc.returncode == 0, f"rollout.yml failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
     for host in routed.fleet.hosts:
-        assert re.search(rf"{host.name} +\| tiny +\| tiny_v2 +\| [0-9.]+ +\| swapped ", proc.stdout), proc.stdout[
-            -4000:
-        ]
+        swapped = rf"{host.name} +\| tiny +\| tiny_v2 +\| [0-9.]+ +\| swapped "
+        assert re.search(swapped, unfolded(proc)), proc.stdout[-4000:]
     assert_nothing_lost(load, before, after)
     # Both hosts serve before and after: the router sent requests to each, and lists both, healthy, again.
     assert all(
         after["workers"][url] > before["workers"].get(url, 0) for url in map(routed.worker_url, routed.fleet.hosts)
     )
     assert [(worker["url"], worker["healthy"]) for worker in routed.info()["workers"]] == [
-        (routed.worker_url(host), True) for host in routed.fleet.hosts
+        (url, True) for url in routed.worker_urls()
     ]
 
 
@@ -258,8 +260,9 @@ def test_a_killed_engine_core_under_load_leaves_the_router_within_its_health_che
         f"last failed request started {last_failure} s after the kill"
     )
     assert unhealthy_at - killed_at <= HEALTH_BOUND + 2
-    # Bounded, not zero: what was in flight on the killed engine, and what the router sent it before it knew.
-    assert 0 < len(failures) <= load.concurrency * 4, counts
+    # Bounded (issue 27 asks for a count, not for zero): what was in flight on the killed engine, and what the
+    # router sent it before it knew, less what it retried on the other worker.
+    assert len(failures) <= load.concurrency * 4, counts
     assert all(record.started - killed_at <= HEALTH_BOUND + 2 for record in failures), last_failure
 
 
@@ -292,7 +295,7 @@ def test_a_router_that_does_not_answer_refuses_a_swap_and_a_stop_before_any_chan
     finally:
         first.sh(f"systemctl start {UNIT}")
     for proc in (swap, stop):
-        output = proc.stdout + proc.stderr
+        output = unfolded(proc)
         assert proc.returncode != 0, output[-4000:]
         assert f"the router on {first.name} does not answer" in output, output[-4000:]
         assert "nothing changed" in output
@@ -304,7 +307,7 @@ def test_a_router_that_does_not_answer_refuses_a_swap_and_a_stop_before_any_chan
 
 def test_an_instance_that_no_record_names_is_refused_before_any_change(routed):
     proc = routed.playbook("playbooks/router.yml", "-e", '{"vllm_router_instances": ["tiny_v3"]}')
-    output = proc.stdout + proc.stderr
+    output = unfolded(proc)
     assert proc.returncode != 0, output[-4000:]
     assert "No instance record for tiny_v3" in output
     assert "TASK [llmops.vllm.vllm_router : Install" not in proc.stdout

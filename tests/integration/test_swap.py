@@ -60,7 +60,8 @@ def test_the_new_instance_serves_from_a_venv_of_its_own_and_the_old_one_keeps_it
                          headers={"Authorization": f"Bearer {host.api_key}"})  # fmt: skip
     assert [model["id"] for model in answer["json"]["data"]] == ["tiny2"]
     # The old model's weights stay: the way back.
-    assert sorted(host.sh("ls /var/lib/vllm/models").stdout.split()) == ["tiny", "tiny2"]
+    # (test_router.py, before it, leaves tiny_v2's weights there too.)
+    assert {"tiny", "tiny2"} <= set(host.sh("ls /var/lib/vllm/models").stdout.split())
 
 
 def test_deploy_yml_of_that_model_and_release_then_changes_nothing(swapped):

@@ -178,7 +178,8 @@ class TestWorkers:
 
 class TestReplies:
     def test_list_workers(self):
-        assert parse_worker_list('{"urls":["http://127.0.0.1:18001"]}') == ["http://127.0.0.1:18001"]
+        body = '{"urls":["http://127.0.0.1:18009","http://127.0.0.1:18001"]}'
+        assert parse_worker_list(body) == ["http://127.0.0.1:18001", "http://127.0.0.1:18009"]
         with pytest.raises(RouterError, match="not a list of URLs"):
             parse_worker_list("All servers healthy")
 
@@ -190,9 +191,10 @@ class TestReplies:
             '"load":2,"connection_mode":"Http","priority":50,"cost":1.0}],"total":2,'
             '"stats":{"prefill_count":0,"decode_count":0,"regular_count":2}}'
         )
+        # Sorted by URL: the router's own order changes from one start to the next.
         assert parse_worker_states(body) == [
-            {"url": "http://127.0.0.1:18009", "healthy": False, "load": 0},
             {"url": "http://127.0.0.1:18001", "healthy": True, "load": 2},
+            {"url": "http://127.0.0.1:18009", "healthy": False, "load": 0},
         ]
 
     def test_the_routers_own_counts(self):
