@@ -23,6 +23,10 @@ ENDPOINT ?= http://127.0.0.1:8000
 export PATH := $(BIN):$(PATH)
 export LLMOPS_WHEELHOUSE := $(WHEELHOUSE)
 export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/.build/collections
+# promtool, for the tests of the alert rules: from Debian's prometheus package, the release that the vllm_prometheus
+# role installs, unpacked under .build rather than installed, so that no Prometheus starts on this machine.
+PROMTOOL := $(CURDIR)/.build/prometheus/usr/bin/promtool
+export PROMTOOL
 
 .PHONY: help
 help: ## List the targets
@@ -74,8 +78,14 @@ lint: venv ## ruff, ansible-lint (production profile)
 sanity: venv ## ansible-test sanity on a copy of the collection
 	scripts/sanity.sh
 
+$(PROMTOOL):
+	mkdir -p .build/prometheus
+	cd .build/prometheus && { apt-get download -q prometheus || { apt-get update -q && apt-get download -q prometheus; }; }
+	dpkg-deb -x .build/prometheus/prometheus_*.deb .build/prometheus
+	rm .build/prometheus/prometheus_*.deb
+
 .PHONY: unit
-unit: venv ## pytest unit tests
+unit: venv $(PROMTOOL) ## pytest unit tests, promtool's tests of the alert rules among them
 	pytest tests/unit
 
 .PHONY: molecule

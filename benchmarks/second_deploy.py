@@ -7,8 +7,8 @@ runs deploy.yml again --runs times and prints, for each run, its wall time and t
 count, then the median. With --profile the last run also prints its slowest tasks (ansible.posix's
 profile_tasks callback), to see where the time goes.
 
-    flock /tmp/llmops-heavy.lock .venv/bin/python benchmarks/second_deploy.py --host llmops-vllm-bench \
-        [--model tiny] [--runs 3] [--profile] [--keep]
+    flock -o /tmp/llmops-heavy.lock .venv/bin/python benchmarks/second_deploy.py --host llmops-vllm-bench \
+        [--model tiny] [--runs 3] [--profile] [--keep] [--connection containers.podman.podman]
 
 The host is removed afterwards unless --keep is given (a kept host makes the next call skip the first
 deploy's install, but not its run). Needs the controller venv (`make venv`) and the wheelhouse.
@@ -33,10 +33,10 @@ RECAP = re.compile(r"^(?P<host>\S+)\s+: ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+
 PROFILE_LINE = re.compile(r"^(?P<task>.+?) -+ (?P<seconds>[0-9.]+)s$", re.MULTILINE)
 
 
-def inventory(path: Path, host: str) -> Path:
+def inventory(path: Path, host: str, connection: str) -> Path:
     """An inventory of the one local host, as the integration tests write it."""
     host_vars = {
-        "ansible_connection": "containers.podman.podman",
+        "ansible_connection": connection,
         "ansible_python_interpreter": "/usr/bin/python3",
         "ansible_become": False,
         "vllm_install_wheelhouse": "/opt/wheelhouse",
@@ -78,13 +78,18 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="second deploys to time")
     parser.add_argument("--profile", action="store_true", help="print the slowest tasks of the last run")
     parser.add_argument("--keep", action="store_true", help="keep the local host afterwards")
+    parser.add_argument(
+        "--connection",
+        default="llmops.vllm.podman",
+        help="the connection plugin (containers.podman.podman: without pipelining, for a figure before it)",
+    )
     args = parser.parse_args()
 
     env = {**os.environ, "LLMOPS_LOCAL_NAME": args.host, "LLMOPS_LOCAL_PORT": ""}
     subprocess.run([str(LOCAL_HOST), "up"], check=True, env=env)
     try:
         with tempfile.TemporaryDirectory() as scratch:
-            hosts = inventory(Path(scratch) / "hosts.json", args.host)
+            hosts = inventory(Path(scratch) / "hosts.json", args.host, args.connection)
             seconds, proc = deploy(hosts, args.model, profile=False)
             print(f"first deploy: {seconds:.1f} s, changed={changed_count(proc)}")
             timings = []

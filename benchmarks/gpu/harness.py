@@ -40,7 +40,6 @@ import concurrent.futures
 import contextlib
 import json
 import os
-import re
 import signal
 import statistics
 import subprocess
@@ -62,6 +61,7 @@ from session_unit import SessionUnit, import_collection  # noqa: E402
 COLLECTIONS = import_collection()
 
 import compare_vllm_bench as compare  # noqa: E402
+from vllm_phases import load_phases  # noqa: E402
 
 from ansible_collections.llmops.vllm.plugins.module_utils._catalog import (  # noqa: E402
     check_entry,
@@ -88,19 +88,6 @@ STREAM_TOKENS = 3000
 # Seconds between a server's "Available KV cache memory" line and the next server's start: the cache is
 # allocated just after the line.
 KV_CACHE_ALLOCATION_MARGIN = 2.0
-# vLLM's own lines about the phases of a load (vllm/v1/worker/gpu_model_runner.py, compilation/monitor.py,
-# v1/engine/core.py, v1/core/kv_cache_utils.py), as vLLM 0.26 prints them.
-PHASES = {
-    "weights_s": re.compile(r"Model loading took [\d.]+ GiB(?: memory)? and ([\d.]+) seconds"),
-    "weights_gib": re.compile(r"Model loading took ([\d.]+) GiB"),
-    "compile_s": re.compile(r"torch\.compile took ([\d.]+) s in total"),
-    "graphs_s": re.compile(r"Graph capturing finished in ([\d.]+) secs"),
-    "engine_init_s": re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s"),
-    "kv_cache_gib": re.compile(r"Available KV cache memory: ([\d.]+) GiB"),
-    "kv_cache_tokens": re.compile(r"KV cache size: ([\d,]+) tokens"),
-}
-
-
 # ---- results --------------------------------------------------------------------------------------------
 
 
@@ -232,18 +219,6 @@ class Server:
 
     def stop(self) -> dict:
         return self.lifecycle.stop(self.unit.state())
-
-
-def load_phases(lines: list[str]) -> dict:
-    """vLLM's own account of where a load went, from its log (PHASES); keys without a line are left out."""
-    found = {}
-    for key, pattern in PHASES.items():
-        for line in lines:
-            match = pattern.search(line)
-            if match:
-                found[key] = float(match.group(1).replace(",", ""))
-                break
-    return found
 
 
 def start_staggered(servers: list[Server]) -> dict:

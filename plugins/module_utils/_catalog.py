@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 
+from ansible_collections.llmops.vllm.plugins.module_utils._alert_rules import check_slo
 from ansible_collections.llmops.vllm.plugins.module_utils._serve_command import ServeSpecError, build_serve_args
 
 ENTRY_NAME = re.compile(r"[a-z0-9][a-z0-9_]*\Z")
@@ -62,6 +63,9 @@ ENTRY_DEFAULTS = {
     "quantization": None,
     # What the GPUs must offer, e.g. {min_compute_capability: "10.0"} for FP4 tensor cores (Blackwell).
     "requires": {},
+    # Latency objectives, as vllm_bench names its results ({p99_ttft_ms: 500}): the vllm_prometheus role alerts
+    # when an instance of the model misses one (docs/observability.md).
+    "slo": {},
 }
 REQUIRED_KEYS = ("source", "served_name")
 # Keys that check_entry adds; an entry passed on (to a module) carries them.
@@ -180,6 +184,10 @@ def check_entry(name, raw_entry):
         _fail(name, "env must map variable names to values")
     entry["env"] = {str(key): str(value) for key, value in entry["env"].items()}
     _check_planning_facts(name, entry)
+    try:
+        entry["slo"] = check_slo(entry["slo"])
+    except ValueError as error:
+        _fail(name, f"slo {error}")
     entry["name"] = name
     return entry
 

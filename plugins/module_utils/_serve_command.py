@@ -41,6 +41,9 @@ MANAGED_FLAGS = {
 # vllm_install role puts it in every venv) lets clients other than loopback reach the API alone.
 DEV_MODE_VARIABLE = "VLLM_SERVER_DEV_MODE"
 DEV_ENDPOINTS_GUARD = "llmops_vllm_dev_guard.LoopbackOnlyDevEndpoints"
+# --api-key does not guard /metrics either: in every server, this one answers it to the host itself and to the
+# readers that the vllm_targets role lists (docs/observability.md).
+METRICS_GUARD = "llmops_vllm_dev_guard.MetricsReaders"
 
 # Secrets on a command line are visible to every user in `ps`: they go to the EnvironmentFile.
 SECRET_FLAGS = {"--api-key": ("the API key", "vllm_server_api_key, which goes to the EnvironmentFile as VLLM_API_KEY")}
@@ -181,6 +184,7 @@ def build_serve_args(spec):
         "--served-model-name", served_name,
         "--host", _required_text(spec, "host"),
         "--port", str(port),
+        "--middleware", METRICS_GUARD,
     ]  # fmt: skip
     args += _layout_args(spec.get("layout") or {})
 

@@ -189,7 +189,7 @@ def container_address(name: str) -> str:
 
 
 HOST_VARS = {
-    "ansible_connection": "containers.podman.podman",
+    "ansible_connection": "llmops.vllm.podman",
     "ansible_python_interpreter": "/usr/bin/python3",
     "ansible_become": False,
     "vllm_install_wheelhouse": "/opt/wheelhouse",

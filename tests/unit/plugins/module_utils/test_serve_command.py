@@ -19,6 +19,9 @@ BASE_ARGS = [
     "0.0.0.0",
     "--port",
     "8000",
+    # In every server: /metrics for the host itself and its listed readers alone (docs/observability.md).
+    "--middleware",
+    "llmops_vllm_dev_guard.MetricsReaders",
 ]
 
 
@@ -213,7 +216,7 @@ def test_sleep_mode_opens_the_development_endpoints_behind_the_guard():
 def test_development_endpoints_alone_come_with_the_guard_and_without_sleep_mode():
     args = build_serve_args({**BASE, "dev_endpoints": True})
     assert args[len(BASE_ARGS) + 2 :] == ["--middleware", "llmops_vllm_dev_guard.LoopbackOnlyDevEndpoints"]
-    assert "--middleware" not in build_serve_args(BASE)
+    assert "llmops_vllm_dev_guard.LoopbackOnlyDevEndpoints" not in build_serve_args(BASE)
     assert "VLLM_SERVER_DEV_MODE" not in build_server_environment({"home": "/h", "load_timeout": 10})
 
 

@@ -1,0 +1,704 @@
+# Copyright: llmops.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Every playbook of the collection, run by ansible-playbook against the systemd of a GPU host (README.md here).
+
+The host is the one scripts/gpu-host/host.sh made (`host.sh up`): each playbook runs through `host.sh play`, inside
+systemd's namespaces, with the json callback, and is timed from outside. Each run's time is split into the load
+(vllm_service's systemd start and model load), the stops, sleeps and wake-ups, the benchmarks and the waits for GPU
+memory, and the rest, Ansible's own part (module transfers, planning, templating, Ansible's start); vLLM's own phases
+of each load come from the unit's journal. After each run the journal (and the kernel's log) is scanned for
+"Operation not permitted", seccomp denials and "Custom allreduce is disabled". Every result goes to
+gpu-host-run.json in the logs directory as soon as it is measured, and after each step that file, its table
+(gpu-host-run.md) and the logs (the playbooks' JSON, the streams' records, the tune's report, the journal) packed as
+gpu-host-logs.tgz go to OUT, so that a command cut off returns what it had and a run split over two GPU commands
+(which the machine keeps while they follow each other) returns all of it.
+
+Steps (in this order; --steps picks some, e.g. to split the run over two GPU commands):
+  weights   real random safetensors of the catalog's host_a weights, written on the host (GPU catalog only)
+  deploy    deploy.yml of host_a, then a second deploy.yml that must change nothing
+  bench     bench.yml at C = 1, 8, 32, 128 (its JSON is the rollout's baseline)
+  stop      stop.yml with 16 streams in flight, then deploy.yml again
+  kill      SIGKILL of the engine core under 16 streams: systemd restarts the unit, status.yml says how it died
+  share     two processes sharing a CUDA tensor under the unit's sandbox, with and without expandable segments
+  swap      swap.yml to host_b by stop, back to host_a by sleep, then to host_broken, rolled back by wake-up
+  rollout   rollout.yml to host_b gated on the baseline (passes), then to host_slow (a regression, rolled back)
+  tune      tune.yml of host_a: a measured candidate, one the planner refuses, one that fails to start
+  end       stop.yml of every instance; the units' state
+
+usage: python3 benchmarks/gpu_host/run.py --inventory INVENTORY --catalog DIR --out OUT [--steps a,b,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
+
+# pylint: disable=wrong-import-position,import-error
+from session_unit import import_collection  # noqa: E402
+from vllm_phases import load_phases  # noqa: E402
+
+import_collection()
+
+from ansible_collections.llmops.vllm.plugins.module_utils._instance_record import api_key  # noqa: E402
+
+HOST_SH = ROOT / "scripts" / "gpu-host" / "host.sh"
+STREAM_CLIENTS = ROOT / "tests" / "integration" / "stream_clients.py"
+# The rollout before the tune: it needs the bench step's baseline, and the tune takes longest (a GPU command that
+# runs out of time loses the last steps).
+STEPS = ("weights", "deploy", "bench", "stop", "kill", "share", "swap", "rollout", "tune", "end")
+CONFIG_DIR = Path("/etc/vllm")
+SECRETS_FILE = "secrets.json"
+STREAMS = 16
+BENCH_LEVELS = [1, 8, 32, 128]
+# What must not appear in the journal after a run (the issue's list), and what a seccomp denial logs where the
+# kernel's audit reports one (a filter that returns EPERM logs nothing: then "Operation not permitted" shows it).
+JOURNAL_ALARMS = {
+    "operation_not_permitted": re.compile(r"Operation not permitted|EPERM"),
+    "seccomp": re.compile(r"seccomp|type=1326|SECCOMP"),
+    "custom_allreduce_disabled": re.compile(r"Custom allreduce is disabled"),
+}
+# The actions whose time is not Ansible's own: (result key, what).
+LOAD_PARTS = ("systemd_start", "load")
+
+
+def now() -> str:
+    return time.strftime("%H:%M:%S")
+
+
+class Results:
+    """gpu-host-run.json in the logs directory, rewritten after every addition. The logs directory outlives a GPU
+    command (OUT does not), so that a run split over two commands adds to one file."""
+
+    def __init__(self, logs: Path, meta: dict, steps: list):
+        self.path = logs / "gpu-host-run.json"
+        self.data = json.loads(self.path.read_text()) if self.path.exists() else {"runs": {}, "commands": []}
+        self.data.setdefault("host", {}).update(meta)
+        self.data["commands"].append({"started": time.strftime("%Y-%m-%d %H:%M:%S"), "steps": steps})
+
+    def add(self, step: str, key: str, value):
+        self.data["runs"].setdefault(step, {})[key] = value
+        self.path.write_text(json.dumps(self.data, indent=1, sort_keys=True) + "\n")
+        print(f"[{now()}] {step} {key}: {json.dumps(value, sort_keys=True)[:400]}", flush=True)
+
+
+class GpuHost:
+    """The systemd host of host.sh: playbooks, commands and the journal inside its namespaces."""
+
+    def __init__(self, args):
+        self.inventory = str(args.inventory)
+        self.catalog = str(Path(args.catalog).resolve())
+        self.logs = args.logs
+        self.logs.mkdir(parents=True, exist_ok=True)
+        # One key for every instance of the run, kept for the run's second command: a new one would change every
+        # instance's environment, and so restart it.
+        # It reaches ansible-playbook in a file of mode 0600, never on a command line, and stays out of the logs.
+        self.secrets = self.logs / SECRETS_FILE
+        if not self.secrets.exists():
+            self.secrets.touch(0o600)
+            self.secrets.write_text(json.dumps({"vllm_server_api_key": secrets.token_hex(16)}))
+        # Numbered on from the runs of an earlier command of the same run.
+        self.count = len(list(self.logs.glob("*.log")))
+
+    def exec(self, *command, check=True, timeout=120) -> str:
+        result = subprocess.run(
+            ["bash", str(HOST_SH), "exec", *command], capture_output=True, text=True, timeout=timeout, check=False
+        )
+        if check and result.returncode:
+            raise RuntimeError(f"{' '.join(command)}: rc {result.returncode}: {result.stderr.strip()[-800:]}")
+        return result.stdout
+
+    def clock(self) -> float:
+        return time.time()
+
+    def play(self, name: str, playbook: str, *variables: dict, timeout: int = 900) -> dict:
+        """Run a playbook; return rc, wall time, the time split, the changes and the play's JSON (in the logs)."""
+        self.count += 1
+        extra = {"vllm_catalog_paths": [self.catalog]}
+        for item in variables:
+            extra.update(item)
+        command = ["bash", str(HOST_SH), "play", self.inventory, f"playbooks/{playbook}", "-e", f"@{self.secrets}"]
+        command += ["-e", json.dumps(extra)]
+        stem = f"{self.count:02d}-{name}"
+        record = self.logs / f"{stem}.json"
+        environment = os.environ | {
+            "ANSIBLE_CALLBACK_PLUGINS": str(HERE / "callback_plugins"),
+            "ANSIBLE_CALLBACKS_ENABLED": "run_record",
+            "LLMOPS_RUN_RECORD": str(record),
+        }
+        since = self.clock()
+        started = time.monotonic()
+        with open(self.logs / f"{stem}.log", "w", encoding="utf-8") as log:
+            result = subprocess.run(
+                command, stdout=log, stderr=subprocess.STDOUT, env=environment, timeout=timeout, check=False
+            )
+        wall = time.monotonic() - started
+        try:
+            report = json.loads(record.read_text())
+        except (OSError, ValueError):
+            report = {"plays": [], "stats": {}}
+        outcome = {"playbook": playbook, "rc": result.returncode, "wall_s": round(wall, 2), "since": since}
+        outcome |= time_split(report, wall)
+        outcome["failures"] = failures(report)
+        return outcome | {"report": report}
+
+    def journal(self, since: float, unit: str | None = None) -> list[str]:
+        command = ["journalctl", "--no-pager", "-o", "cat", "--since", f"@{since:.0f}"]
+        if unit:
+            command += ["-u", unit]
+        return self.exec(*command, check=False).splitlines()
+
+    def record(self, instance: str) -> dict:
+        return json.loads((CONFIG_DIR / f"{instance}.json").read_text())
+
+    def key_of(self, instance: str) -> str:
+        """The API key of an instance, from the EnvironmentFile its record names, as the collection reads it."""
+        return api_key(self.record(instance)) or ""
+
+
+def tasks_of(report: dict):
+    for play in report.get("plays", []):
+        yield from play.get("tasks", [])
+
+
+def module_results(task: dict):
+    """(action, result) of each host's result of a task, each item's of a loop."""
+    for result in task.get("hosts", {}).values():
+        action = result.get("action", "")
+        items = result.get("results")
+        if isinstance(items, list) and items and all(isinstance(item, dict) for item in items):
+            for item in items:
+                yield action, item
+        else:
+            yield action, result
+
+
+def task_name(task: dict) -> str:
+    """A task's own name, without the `ROLE : ` that the json callback puts before it."""
+    return task["task"]["name"].split(" : ", 1)[-1]
+
+
+def task_seconds(task: dict) -> float:
+    duration = task["task"].get("duration") or {}
+    if not duration.get("start") or not duration.get("end"):
+        return 0.0
+    start, end = (datetime.fromisoformat(duration[key].replace("Z", "+00:00")) for key in ("start", "end"))
+    return (end - start).total_seconds()
+
+
+def time_split(report: dict, wall: float) -> dict:
+    """The run's time: what vLLM and the GPUs took (loads, stops, sleeps, wake-ups, benchmarks, memory waits), and
+    the rest, which is Ansible's own (module transfers, planning, templating, its start and its end)."""
+    parts = {"load_s": 0.0, "stop_s": 0.0, "sleep_s": 0.0, "wake_s": 0.0, "bench_s": 0.0, "gpu_wait_s": 0.0}
+    loads = []
+    tasks_total = 0.0
+    for task in tasks_of(report):
+        seconds = task_seconds(task)
+        tasks_total += seconds
+        for action, result in module_results(task):
+            if action.endswith("vllm_service"):
+                start = result.get("start") or {}
+                if start:
+                    load = sum(start.get(part) or 0 for part in LOAD_PARTS)
+                    parts["load_s"] += load
+                    loads.append(round(load, 2))
+                parts["stop_s"] += (result.get("stop") or {}).get("elapsed") or 0
+                parts["sleep_s"] += (result.get("sleep") or {}).get("elapsed") or 0
+                parts["wake_s"] += (result.get("wake") or {}).get("elapsed") or 0
+            elif action.endswith("vllm_bench"):
+                parts["bench_s"] += seconds
+            elif action.endswith("gpu_memory_wait"):
+                parts["gpu_wait_s"] += seconds
+    vllm = sum(parts.values())
+    split = {key: round(value, 2) for key, value in parts.items()}
+    split |= {"loads_s": loads, "tasks_s": round(tasks_total, 2)}
+    split["ansible_s"] = round(wall - vllm, 2)
+    split["ansible_share"] = round((wall - vllm) / wall, 3) if wall else None
+    return split
+
+
+def failures(report: dict) -> list:
+    found = []
+    for task in tasks_of(report):
+        for host, result in task.get("hosts", {}).items():
+            if result.get("failed") and not result.get("ignored"):
+                found.append({"task": task_name(task), "host": host, "msg": str(result.get("msg", ""))[:1500]})
+    return found
+
+
+def results_of(report: dict, action_suffix: str) -> list:
+    return [
+        result
+        for task in tasks_of(report)
+        for action, result in module_results(task)
+        if action.endswith(action_suffix) and not result.get("skipped")
+    ]
+
+
+def debug_lines(report: dict, name: str) -> list:
+    """The message of the first task whose own name starts with `name` (a table a role shows)."""
+    for task in tasks_of(report):
+        if task_name(task).startswith(name):
+            for result in task.get("hosts", {}).values():
+                message = result.get("msg")
+                if message is not None:
+                    return message if isinstance(message, list) else str(message).splitlines()
+    return []
+
+
+def changed_tasks(report: dict) -> list:
+    return [task_name(task) for task in tasks_of(report) for result in task["hosts"].values() if result.get("changed")]
+
+
+def summary(outcome: dict) -> dict:
+    """What the results file keeps of a run (the JSON report stays in the logs)."""
+    return {key: value for key, value in outcome.items() if key != "report"}
+
+
+def host_messages(journal_json: str) -> list[str]:
+    """The messages of `journalctl -o json` output, less Ansible's own: a module logs its arguments to the journal
+    (`ansible-MODULE: Invoked with ...`), the unit's text with its `SystemCallErrorNumber=EPERM` line among them,
+    which is the play's input, not what the host did."""
+    messages = []
+    for line in journal_json.splitlines():
+        entry = json.loads(line)
+        message = entry.get("MESSAGE")
+        if isinstance(message, list):  # journalctl gives a message that is not UTF-8 as its bytes
+            message = bytes(message).decode("utf-8", "replace")
+        if isinstance(message, str) and not str(entry.get("SYSLOG_IDENTIFIER", "")).startswith("ansible-"):
+            messages.append(message)
+    return messages
+
+
+def scan(host: GpuHost, since: float) -> dict:
+    """The journal since `since` (and the kernel's log) for each alarm: the count and the first lines."""
+    lines = host_messages(host.exec("journalctl", "--no-pager", "-o", "json", "--since", f"@{since:.0f}",
+                                    "--output-fields=SYSLOG_IDENTIFIER,MESSAGE", check=False))  # fmt: skip
+    lines = [line for message in lines for line in message.splitlines()]
+    kernel = subprocess.run(["dmesg"], capture_output=True, text=True, check=False).stdout.splitlines()
+    found = {}
+    for name, pattern in JOURNAL_ALARMS.items():
+        hits = [line for line in lines if pattern.search(line)]
+        if name == "seccomp":
+            hits += [f"kernel: {line}" for line in kernel if pattern.search(line)]
+        found[name] = {"count": len(hits), "lines": hits[:5]}
+    return found
+
+
+def phases_of_loads(host: GpuHost, since: float, unit: str) -> list:
+    """vLLM's phases of each load of the unit since `since`: the journal split at each start of the unit."""
+    loads, current = [], None
+    for line in host.journal(since, unit):
+        if line.startswith("Started ") or line.startswith("Starting "):
+            if current is not None and line.startswith("Starting "):
+                loads.append(current)
+            current = [] if line.startswith("Starting ") else current
+            continue
+        if current is not None:
+            current.append(line)
+    if current is not None:
+        loads.append(current)
+    return [phases for phases in (load_phases(lines) for lines in loads) if phases]
+
+
+def run_step(results: Results, host: GpuHost, step: str, name: str, playbook: str, *variables, unit=None, **kw):
+    outcome = host.play(name, playbook, *variables, **kw)
+    kept = summary(outcome)
+    if unit:
+        kept["vllm_phases"] = phases_of_loads(host, outcome["since"], unit)
+    kept["journal"] = scan(host, outcome["since"])
+    results.add(step, name, kept)
+    return outcome
+
+
+def unit_of(instance: str) -> str:
+    return f"vllm-{instance}.service"
+
+
+def serves(host: GpuHost, instance: str, key: str | None = None) -> dict:
+    """One completion from the instance at its record's URL, with its own key (or `key`)."""
+    record = host.record(instance)
+    completed = subprocess.run(
+        [sys.executable, str(STREAM_CLIENTS), "--one", record["url"], record["served_name"],
+         key if key is not None else host.key_of(instance), "8", "The GPU host serves"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    try:
+        return json.loads(completed.stdout)
+    except ValueError:
+        return {"error": completed.stderr.strip()[-400:]}
+
+
+class Streams:
+    """16 streamed completions against an instance, kept going until the server stops taking them."""
+
+    def __init__(self, host: GpuHost, instance: str, name: str, tokens: int):
+        record = host.record(instance)
+        self.output = host.logs / f"streams-{name}.json"
+        self.process = subprocess.Popen(
+            [sys.executable, str(STREAM_CLIENTS), record["url"], record["served_name"], host.key_of(instance),
+             str(STREAMS), str(tokens), str(self.output)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+
+    def wait_streaming(self, timeout: float = 60) -> bool:
+        deadline = time.monotonic() + timeout
+        marker = Path(f"{self.output}.streaming")
+        while time.monotonic() < deadline and self.process.poll() is None:
+            if marker.exists():
+                return True
+            time.sleep(0.05)
+        return marker.exists()
+
+    def outcome(self, timeout: float = 150) -> dict:
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return {"error": f"the clients still ran after {timeout} s"}
+        records = json.loads(self.output.read_text()) if self.output.exists() else []
+        return {
+            "requests": len(records),
+            "done": sum(1 for record in records if record["done"]),
+            "errors": sorted({str(record["error"])[:120] for record in records if record["error"]}),
+            "statuses": sorted({record["status"] for record in records if record["status"] is not None}),
+        }
+
+
+def machine_facts() -> dict:
+    """What the run's figures depend on: the GPUs and driver, the kernel, the NVIDIA lines of /proc/devices, Yama."""
+    facts = {"kernel": os.uname().release}
+    completed = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+        capture_output=True, text=True, check=False,
+    ) if shutil.which("nvidia-smi") else None  # fmt: skip
+    facts["gpus"] = completed.stdout.strip().splitlines() if completed and completed.returncode == 0 else []
+    devices = Path("/proc/devices").read_text().splitlines()
+    facts["proc_devices_nvidia"] = [line.strip() for line in devices if "nvidia" in line]
+    scope = Path("/proc/sys/kernel/yama/ptrace_scope")
+    facts["yama_ptrace_scope"] = scope.read_text().strip() if scope.exists() else None
+    facts["nvidia_devices"] = sorted(str(path) for path in Path("/dev").glob("nvidia*"))
+    return facts
+
+
+def gpu_used_mib() -> list:
+    if not shutil.which("nvidia-smi"):
+        return []
+    completed = subprocess.run(
+        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    return [float(value) for value in completed.stdout.split()] if completed.returncode == 0 else []
+
+
+# ---- steps --------------------------------------------------------------------------------------------------
+
+
+def step_weights(results: Results, host: GpuHost, args):
+    if not args.weights_from:
+        results.add("weights", "skipped", "no --weights-from: the catalog's models are generated on the host")
+        return
+    started = time.monotonic()
+    completed = subprocess.run(
+        [args.python, str(HERE / "make_weights.py"), args.weights_from, args.weights_to],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    print(completed.stdout + completed.stderr, flush=True)
+    results.add("weights", "written", {"rc": completed.returncode, "seconds": round(time.monotonic() - started, 1),
+                                       "path": args.weights_to, "output": completed.stdout.strip()[-600:]})  # fmt: skip
+    if completed.returncode:
+        raise RuntimeError("the weights were not written")
+
+
+def step_deploy(results: Results, host: GpuHost, args):
+    first = run_step(results, host, "deploy", "first", "deploy.yml", {"model": "host_a"}, unit=unit_of("host_a"))
+    if first["rc"]:
+        raise RuntimeError("the first deploy failed")
+    again = run_step(results, host, "deploy", "second", "deploy.yml", {"model": "host_a"})
+    results.add(
+        "deploy",
+        "second_changed",
+        {"changed": again["report"].get("stats", {}), "tasks": changed_tasks(again["report"])},
+    )
+    results.add("deploy", "serves", serves(host, "host_a"))
+
+
+def step_bench(results: Results, host: GpuHost, args):
+    outcome = run_step(
+        results, host, "bench", "levels", "bench.yml",
+        {"model": "host_a", "vllm_bench_concurrency": BENCH_LEVELS},
+    )  # fmt: skip
+    levels = []
+    for result in results_of(outcome["report"], "vllm_bench"):
+        for level in result.get("levels") or []:
+            levels.append({key: level.get(key) for key in (
+                "max_concurrency", "completed", "failed", "output_throughput", "median_ttft_ms", "median_itl_ms",
+                "median_tpot_ms", "duration")})  # fmt: skip
+    results.add("bench", "figures", levels)
+
+
+def step_stop(results: Results, host: GpuHost, args):
+    streams = Streams(host, "host_a", "stop", args.stream_tokens)
+    streaming = streams.wait_streaming()
+    outcome = run_step(results, host, "stop", "with_streams", "stop.yml", {"instance": "host_a"})
+    results.add("stop", "streams", {"streaming_before": streaming, **streams.outcome()})
+    results.add("stop", "service", [result.get("stop") for result in results_of(outcome["report"], "vllm_service")])
+    results.add("stop", "gpu_memory_wait", [
+        {key: result.get(key) for key in ("elapsed", "gpus", "msg", "terminated")}
+        for result in results_of(outcome["report"], "gpu_memory_wait")
+    ])  # fmt: skip
+    results.add("stop", "gpu_used_mib_after", gpu_used_mib())
+    run_step(results, host, "stop", "deploy_again", "deploy.yml", {"model": "host_a"}, unit=unit_of("host_a"))
+
+
+def engine_core_pid(host: GpuHost, unit: str) -> int | None:
+    main = host.exec("systemctl", "show", "-p", "MainPID", "--value", unit).strip()
+    for line in host.exec("ps", "-eo", "pid=,ppid=,comm=").splitlines():
+        pid, ppid, comm = line.split(None, 2)
+        if ppid == main and comm.startswith("VLLM::EngineCor"):
+            return int(pid)
+    return None
+
+
+def step_kill(results: Results, host: GpuHost, args):
+    unit = unit_of("host_a")
+    restarts_before = int(host.exec("systemctl", "show", "-p", "NRestarts", "--value", unit).strip() or 0)
+    streams = Streams(host, "host_a", "kill", args.stream_tokens)
+    streaming = streams.wait_streaming()
+    pid = engine_core_pid(host, unit)
+    if pid is None:
+        results.add("kill", "error", "no VLLM::EngineCore child of the unit's main process")
+        return
+    since = host.clock()
+    host.exec("kill", "-KILL", str(pid))
+    killed = time.monotonic()
+    back, state = None, {}
+    while time.monotonic() - killed < args.restart_timeout:
+        state = dict(
+            line.split("=", 1)
+            for line in host.exec("systemctl", "show", "-p", "NRestarts", "-p", "ActiveState", "-p", "MainPID", unit)
+            .splitlines() if "=" in line
+        )  # fmt: skip
+        if int(state.get("NRestarts", 0)) > restarts_before and serves(host, "host_a").get("done"):
+            back = round(time.monotonic() - killed, 1)
+            break
+        time.sleep(2)
+    results.add("kill", "engine_core", {"pid": pid, "streaming_before": streaming, "serving_again_after_s": back,
+                                        "unit": state, "streams": streams.outcome()})  # fmt: skip
+    results.add("kill", "vllm_phases_of_the_restart", phases_of_loads(host, since, unit))
+    status = run_step(results, host, "kill", "status", "status.yml")
+    results.add("kill", "status_table", debug_lines(status["report"], "Show the fleet"))
+
+
+def step_share(results: Results, host: GpuHost, args):
+    """torch's CUDA tensor sharing between two processes, in a unit with the vLLM unit's own sandbox."""
+    if not gpu_used_mib():
+        results.add("share", "skipped", "no NVIDIA GPU here")
+        return
+    sandbox = [
+        line for line in Path(f"/etc/systemd/system/{unit_of('host_a')}").read_text().splitlines()
+        if re.match(r"(User|Group|NoNewPrivileges|Capability|Ambient|Protect|ReadWritePaths|Private|Device|Restrict"
+                    r"|Lock|SystemCall|UMask)", line)
+    ]  # fmt: skip
+    probe = Path("/var/lib/vllm/llmops-cuda-share.py")
+    probe.write_text((HERE / "cuda_share.py").read_text())
+    probe.chmod(0o644)
+    record = host.record("host_a")
+    cases = {
+        "default_filter": ("expandable_segments:False", []),
+        "expandable_segments": ("expandable_segments:True", []),
+        "expandable_segments_with_pidfd_getfd": ("expandable_segments:True", ["SystemCallFilter=pidfd_getfd"]),
+    }
+    for name, (allocator, extra) in cases.items():
+        unit = Path("/etc/systemd/system/llmops-cuda-share.service")
+        unit.write_text("\n".join([
+            "[Service]", "Type=oneshot", "WorkingDirectory=/var/lib/vllm", "Environment=HOME=/var/lib/vllm",
+            f"Environment=PYTORCH_CUDA_ALLOC_CONF={allocator}",
+            f"ExecStart={record['python']} {probe}", *sandbox, *extra, "",
+        ]))  # fmt: skip
+        since = host.clock()
+        host.exec("systemctl", "daemon-reload")
+        host.exec("systemctl", "start", "llmops-cuda-share.service", check=False, timeout=180)
+        lines = host.journal(since, "llmops-cuda-share.service")
+        verdicts = [line for line in lines if line.startswith("SHARE ")]
+        results.add("share", name, {"allocator": allocator, "extra": extra, "verdicts": verdicts,
+                                    "errors": [line for line in lines if "Error" in line][:4]})  # fmt: skip
+    unit.unlink()
+    host.exec("systemctl", "daemon-reload")
+
+
+def step_swap(results: Results, host: GpuHost, args):
+    run_step(results, host, "swap", "by_stop", "swap.yml", {"model": "host_b"}, unit=unit_of("host_b"))
+    results.add("swap", "by_stop_serves", serves(host, "host_b"))
+    if not args.sleep:
+        results.add("swap", "by_sleep", "skipped: this host's build of vLLM has no sleep mode (--no-sleep)")
+        run_step(results, host, "swap", "back_by_stop", "swap.yml", {"model": "host_a"}, unit=unit_of("host_a"))
+        broken = run_step(results, host, "swap", "broken_by_stop", "swap.yml", {"model": "host_broken"})
+    else:
+        sleep = {"vllm_swap_mode": "sleep"}
+        run_step(results, host, "swap", "back_by_sleep", "swap.yml", {"model": "host_a"}, sleep, unit=unit_of("host_a"))
+        broken = run_step(results, host, "swap", "broken_by_sleep", "swap.yml", {"model": "host_broken"}, sleep)
+    results.add(
+        "swap", "broken_result", [result.get("msg") for result in results_of(broken["report"], "vllm_service")][-3:]
+    )
+    results.add("swap", "old_serves_with_its_key", serves(host, "host_a"))
+
+
+def step_tune(results: Results, host: GpuHost, args):
+    report_dir = host.logs / "tune"
+    tune = {
+        "model": "host_a",
+        "vllm_tune_layouts": ["default", {"tensor_parallel_size": 3}],
+        "vllm_tune_grid": {"max_num_seqs": [16, 64], "max_num_batched_tokens": [32]},
+        "vllm_tune_bench_concurrency": [1, 8],
+        "vllm_tune_bench_num_requests": 16,
+        "vllm_tune_bench_output_len": 64,
+        "vllm_tune_report_dir": str(report_dir),
+        "vllm_tune_fresh": True,
+    }
+    outcome = run_step(results, host, "tune", "tune", "tune.yml", tune, unit=unit_of("host_a-tune"))
+    reports = sorted(report_dir.glob("*.json"))
+    if reports:
+        data = json.loads(reports[0].read_text())
+        results.add("tune", "candidates", [
+            {key: row.get(key) for key in ("name", "verdict", "reason", "load_s")} for row in data.get("candidates", [])
+        ])  # fmt: skip
+        results.add("tune", "winner", data.get("winner"))
+    results.add("tune", "serves_after", serves(host, "host_a"))
+    return outcome
+
+
+def step_rollout(results: Results, host: GpuHost, args):
+    baselines = sorted((ROOT / "bench-results" / "host-a").glob("*.json"))
+    baseline = next((path for path in baselines if path.stem not in ("fleet",)), None)
+    if baseline is None:
+        results.add("rollout", "error", "no baseline: run the bench step first")
+        return
+    gate = {
+        "vllm_rollout_bench_baseline": str(baseline),
+        "vllm_swap_bench_concurrency": [8],
+        "vllm_swap_bench_max_regression_percent": args.gate_percent,
+    }
+    run_step(results, host, "rollout", "gate_passes", "rollout.yml", {"model": "host_b"}, gate, unit=unit_of("host_b"))
+    results.add("rollout", "after_pass_serves", serves(host, "host_b"))
+    regression = run_step(
+        results, host, "rollout", "regression_rolls_back", "rollout.yml", {"model": "host_slow"}, gate
+    )
+    results.add("rollout", "summary", debug_lines(regression["report"], "Show the rollout"))
+    results.add("rollout", "after_rollback_serves", serves(host, "host_b"))
+
+
+def step_end(results: Results, host: GpuHost, args):
+    run_step(results, host, "end", "stop_all", "stop.yml")
+    # The whole journal of the run, for the record (the alarms of each run are in the results already).
+    (host.logs / "journal.txt").write_text(host.exec("journalctl", "--no-pager", "-o", "short-iso", check=False))
+    results.add("end", "units", host.exec("systemctl", "list-units", "--all", "--no-pager", "vllm-*", check=False))
+    results.add("end", "gpu_used_mib", gpu_used_mib())
+
+
+# ---- report -------------------------------------------------------------------------------------------------
+
+
+def markdown(data: dict) -> str:
+    lines = [
+        "# ansible-playbook on the GPU host",
+        "",
+        f"Host: `{json.dumps(data.get('host', {}), sort_keys=True)}`",
+        "",
+    ]
+    columns = ["step", "run", "playbook", "rc", "wall s", "load s", "stop s", "sleep+wake s", "bench s", "GPU wait s"]
+    columns += ["Ansible s", "vLLM phases", "alarms"]
+    lines += ["| " + " | ".join(columns) + " |", "| --- | --- | --- |" + " ---: |" * 8 + " --- | --- |"]
+    for step, runs in data.get("runs", {}).items():
+        for name, run in runs.items():
+            if not isinstance(run, dict) or "wall_s" not in run:
+                continue
+            phases = "; ".join(
+                ", ".join(f"{key.removesuffix('_s')} {value:g}" for key, value in load.items() if key.endswith("_s"))
+                for load in run.get("vllm_phases", [])
+            )
+            alarms = ", ".join(
+                f"{key} {value['count']}" for key, value in run.get("journal", {}).items() if value["count"]
+            )
+            lines.append(
+                f"| {step} | {name} | {run['playbook']} | {run['rc']} | {run['wall_s']} | {run['load_s']} | "
+                f"{run['stop_s']} | {round(run['sleep_s'] + run['wake_s'], 2)} | {run['bench_s']} | "
+                f"{run['gpu_wait_s']} | {run['ansible_s']} | {phases or '-'} | {alarms or 'none'} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def publish(results: Results, logs: Path, out: Path):
+    """The results, their table and the logs (one file: what comes back from a GPU command is a few files)."""
+    (logs / "gpu-host-run.md").write_text(markdown(results.data))
+    for name in ("gpu-host-run.json", "gpu-host-run.md"):
+        shutil.copyfile(logs / name, out / name)
+    with tarfile.open(out / "gpu-host-logs.tgz", "w:gz") as archive:
+        archive.add(logs, arcname="logs", filter=lambda item: None if item.name.endswith(SECRETS_FILE) else item)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--inventory", required=True, help="the GPU host's inventory (inventories/gpu-host)")
+    parser.add_argument("--catalog", required=True, help="the catalog of host_a, host_b, host_broken, host_slow")
+    parser.add_argument("--out", required=True, type=Path, help="where the results go ($OUT of a GPU command)")
+    parser.add_argument(
+        "--logs",
+        type=Path,
+        default=Path("/var/lib/llmops-gpu-host/run-logs"),
+        help="the playbooks' JSON, the streams' records, the tune's report (packed into OUT)",
+    )
+    parser.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, of {','.join(STEPS)}")
+    parser.add_argument("--python", default=sys.executable, help="the Python with torch, for make_weights.py")
+    parser.add_argument("--weights-from", default="", help="the model directory (config, tokenizer) to give weights")
+    parser.add_argument("--weights-to", default="/var/lib/llmops-gpu-host/models/llama-1b")
+    parser.add_argument("--no-sleep", dest="sleep", action="store_false", help="the build has no sleep mode (CPU)")
+    parser.add_argument("--restart-timeout", type=float, default=300)
+    # Enough to be streaming through a stop; within the catalog's max_model_len (the CPU catalog's tiny: 2048).
+    parser.add_argument("--stream-tokens", type=int, default=3000, help="tokens each of the 16 streams asks for")
+    parser.add_argument("--gate-percent", type=float, default=25.0)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    steps = [step for step in args.steps.split(",") if step]
+    unknown = sorted(set(steps) - set(STEPS))
+    if unknown:
+        parser.error(f"unknown steps {unknown}; known: {list(STEPS)}")
+    host = GpuHost(args)
+    meta = {"inventory": args.inventory, "catalog": args.catalog}
+    results = Results(args.logs, meta | machine_facts(), steps)
+    os.chdir(ROOT)
+    functions = {name: globals()[f"step_{name}"] for name in STEPS}
+    try:
+        for step in STEPS:
+            if step not in steps:
+                continue
+            started = time.monotonic()
+            print(f"[{now()}] == {step}", flush=True)
+            try:
+                functions[step](results, host, args)
+            except (RuntimeError, subprocess.TimeoutExpired, OSError, ValueError) as error:
+                results.add(step, "error", f"{type(error).__name__}: {error}")
+                if step in ("weights", "deploy"):
+                    break
+            finally:
+                results.add(step, "step_s", round(time.monotonic() - started, 1))
+                publish(results, args.logs, args.out)
+    finally:
+        publish(results, args.logs, args.out)
+
+
+if __name__ == "__main__":
+    main()

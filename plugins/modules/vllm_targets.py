@@ -1,0 +1,198 @@
+#!/usr/bin/python
+# Copyright: llmops.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: vllm_targets
+short_description: Say where Prometheus scrapes a host's vLLM instances, and let only those who may read /metrics
+version_added: 0.4.0
+author: llmops.vllm contributors (@llmops-vllm)
+description:
+  - Reads the host's instance records (M(llmops.vllm.vllm_instance) writes them) and the state of their units, and
+    returns the Prometheus targets of the instances that systemd is to run (unit enabled, or running), as file-based
+    service discovery groups, one target each, with the labels C(host), C(vllm_instance), C(model),
+    C(served_name), C(gpus) and C(vllm_version). An instance that a stop or a swap has stopped and disabled is no
+    target. The address comes from the record, the one writer of the instance's URL.
+  - Writes O(readers_file), which the collection's middleware in every vLLM server reads (it is installed in each
+    venv, C(llmops_vllm_dev_guard.MetricsReaders)). vLLM's C(--api-key) does not guard C(/metrics); the middleware
+    answers it to the host itself and to the addresses and networks in that file, and 403 to every other client.
+    O(metrics_readers) gives them; host names are resolved here, on the host whose servers they will reach.
+  - The C(vllm_targets) role runs it at the end of deploy, swap, rollout, stop and tune, and writes the targets on
+    the monitoring hosts.
+extends_documentation_fragment:
+  - llmops.vllm.attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+    details: The readers file before and after.
+  idempotent:
+    support: full
+options:
+  config_dir:
+    description: Where the instance records lie.
+    type: path
+    default: /etc/vllm
+  host:
+    description: The value of the C(host) label, the host's inventory name.
+    type: str
+    required: true
+  address:
+    description:
+      - The address at which the monitoring hosts reach this host, for the instances that listen on every address
+        (C(0.0.0.0), C(::)). An instance that listens on one address is scraped there.
+    type: str
+    required: true
+  metrics_readers:
+    description:
+      - Who besides the host itself may read C(/metrics) of its vLLM servers, each an address (C(10.0.0.5)), a
+        network (C(10.0.0.0/24)) or a host name, which is resolved here. The monitoring hosts, typically.
+      - Empty leaves C(/metrics) to the host itself.
+    type: list
+    elements: str
+    default: []
+  readers_file:
+    description: The file the servers' middleware reads; the middleware reads this path, change it only in tests.
+    type: path
+    default: /etc/vllm/metrics-readers
+seealso:
+  - module: llmops.vllm.vllm_instance_info
+"""
+
+EXAMPLES = r"""
+- name: Publish the targets of the host's instances, readable by the monitoring host
+  llmops.vllm.vllm_targets:
+    host: "{{ inventory_hostname }}"
+    address: "{{ ansible_host | default(inventory_hostname) }}"
+    metrics_readers: [10.0.0.5]
+  register: targets
+
+- name: Write them where Prometheus on the monitoring host discovers them
+  ansible.builtin.copy:
+    content: "{{ targets.targets | to_nice_json }}"
+    dest: /etc/prometheus/vllm-targets/vllm/{{ inventory_hostname }}.json
+    mode: "0644"
+  delegate_to: monitor-01
+"""
+
+RETURN = r"""
+targets:
+  description:
+    - The file_sd target groups for a Prometheus on another host, one per instance that systemd is to run, sorted by
+      instance. An instance that listens on loopback alone is out of its reach and left out (RV(local_only)).
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - targets: ["10.0.0.12:8000"]
+      labels: {host: gpu-01, vllm_instance: tiny, model: tiny, served_name: tiny, gpus: "0,1", vllm_version: 0.32.0}
+local_targets:
+  description: The same groups for a Prometheus on this host, each at the address of its record's URL.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - targets: ["127.0.0.1:8000"]
+      labels: {host: gpu-01, vllm_instance: tiny, model: tiny, served_name: tiny, gpus: "0,1", vllm_version: 0.32.0}
+local_only:
+  description: The instances among the targets that listen on loopback alone, which no other host reaches.
+  returned: always
+  type: list
+  elements: str
+  sample: [tiny-b]
+outdated:
+  description: Instances whose record an older release of the collection wrote; no target until deployed again.
+  returned: always
+  type: list
+  elements: str
+  sample: []
+readers:
+  description: The networks written to O(readers_file), the names resolved.
+  returned: always
+  type: list
+  elements: str
+  sample: [10.0.0.5/32]
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.llmops.vllm.plugins.module_utils._file_writer import current_text, write_if_changed
+from ansible_collections.llmops.vllm.plugins.module_utils._instance_record import (
+    DEFAULT_CONFIG_DIR,
+    RecordError,
+    read_records,
+)
+from ansible_collections.llmops.vllm.plugins.module_utils._metrics_readers import (
+    READERS_FILE,
+    READERS_MODE,
+    ReadersError,
+    reader_networks,
+    readers_text,
+)
+from ansible_collections.llmops.vllm.plugins.module_utils._prometheus_targets import (
+    is_target,
+    only_local,
+    target_groups,
+)
+from ansible_collections.llmops.vllm.plugins.module_utils._unit import Unit, UnitError
+
+DIRECTORY_MODE = 0o755
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "config_dir": {"type": "path", "default": DEFAULT_CONFIG_DIR},
+            "host": {"type": "str", "required": True},
+            "address": {"type": "str", "required": True},
+            "metrics_readers": {"type": "list", "elements": "str", "default": []},
+            "readers_file": {"type": "path", "default": READERS_FILE},
+        },
+        supports_check_mode=True,
+    )
+    params = module.params
+    for option in ("host", "address"):
+        if not params[option].strip():
+            module.fail_json(msg=f"{option} must name the host, got {params[option]!r}")
+    try:
+        readers = reader_networks(params["metrics_readers"])
+    except ReadersError as error:
+        module.fail_json(msg=str(error))
+    try:
+        records = read_records(params["config_dir"])
+        states = {record["instance"]: Unit(record["unit"], module.run_command).state() for record in records}
+    except RecordError as error:
+        module.fail_json(msg=str(error))
+    except UnitError as error:
+        module.fail_json(msg=f"Reading the state of a vLLM unit failed: {error}")
+    outdated = [record["instance"] for record in records if record["outdated"]]
+    targets = [
+        record
+        for record in records
+        if not record["outdated"]
+        and is_target(states[record["instance"]].active_state, states[record["instance"]].unit_file_state)
+    ]
+    path, text = params["readers_file"], readers_text(readers)
+    diff = {"before_header": path, "after_header": path, "before": current_text(path) or "", "after": text}
+    if not module.check_mode:
+        # A host without instances yet has no records' directory, where the file goes by default.
+        os.makedirs(os.path.dirname(path), DIRECTORY_MODE, exist_ok=True)
+    changed = write_if_changed(path, text, READERS_MODE, check_mode=module.check_mode)
+    module.exit_json(
+        changed=changed,
+        diff=diff,
+        targets=target_groups(targets, params["host"], params["address"], local=False),
+        local_targets=target_groups(targets, params["host"], params["address"], local=True),
+        local_only=[record["instance"] for record in targets if only_local(record)],
+        outdated=outdated,
+        readers=readers,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""Every playbook that changes what runs where publishes the targets last, so that Prometheus follows each change."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+PLAYBOOKS = Path(__file__).resolve().parents[3] / "playbooks"
+TARGETS = "llmops.vllm.vllm_targets"
+
+
+def steps(play):
+    """The roles and role imports of a play, in the order they run."""
+    found = [role["role"] for role in play.get("roles") or []]
+    return found + [task["ansible.builtin.import_role"]["name"] for task in play.get("tasks") or []]
+
+
+@pytest.mark.parametrize("name", ["deploy", "swap", "stop", "tune"])
+def test_the_targets_are_published_last(name):
+    plays = yaml.safe_load((PLAYBOOKS / f"{name}.yml").read_text())
+    assert steps(plays[-1])[-1] == TARGETS
+    assert [step for play in plays for step in steps(play)].count(TARGETS) == 1
+
+
+def test_a_rollout_publishes_each_batch():
+    batches = next(play for play in yaml.safe_load((PLAYBOOKS / "rollout.yml").read_text()) if "serial" in play)
+    assert steps(batches)[-1] == TARGETS
+
+
+def test_monitoring_runs_prometheus_then_publishes_every_host():
+    prometheus, targets = yaml.safe_load((PLAYBOOKS / "monitoring.yml").read_text())
+    assert (prometheus["hosts"], steps(prometheus)) == ("vllm_monitoring", ["llmops.vllm.vllm_prometheus"])
+    assert steps(targets) == [TARGETS]

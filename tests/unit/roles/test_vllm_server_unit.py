@@ -1,0 +1,143 @@
+"""The vllm_server role's unit as Ansible renders it, and its preflight's refusals as Ansible runs them.
+
+The unit is rendered from roles/vllm_server/templates/vllm.service.j2 with the role's defaults and vars through
+Ansible's own templating (the collection's filters included), and its device rules are resolved against the
+/proc/devices of an H200 and of a driver-535 host as systemd resolves them. The preflight runs for real with
+ansible-playbook on this machine, in check mode, and must refuse before anything is written.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar, trust_as_template
+
+from ansible_collections.llmops.vllm.plugins.module_utils._sandbox import allowed_majors, character_devices
+
+ROOT = Path(__file__).resolve().parents[3]
+ROLE = ROOT / "roles" / "vllm_server"
+PROC_DEVICES = ROOT / "tests" / "unit" / "fixtures" / "proc-devices"
+REQUIRED = {
+    "vllm_server_instance": "tiny",
+    "vllm_server_model_path": "/var/lib/vllm/models/tiny",
+    "vllm_server_served_name": "tiny",
+    "vllm_server_vllm_version": "0.26.0",
+}
+
+
+def _trusted(value):
+    """Role files are trusted templates, as Ansible trusts them when it loads a role."""
+    if isinstance(value, str):
+        return trust_as_template(value)
+    if isinstance(value, dict):
+        return {key: _trusted(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_trusted(item) for item in value]
+    return value
+
+
+def render_unit(**overrides):
+    variables = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    variables |= yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
+    variables |= REQUIRED | overrides | {"ansible_managed": "Ansible managed"}
+    variables = _trusted(variables)
+    command = Templar(loader=DataLoader(), variables=variables).template(
+        trust_as_template("{{ __vllm_server_launcher + (__vllm_server_spec | llmops.vllm.vllm_serve_args) }}")
+    )
+    templar = Templar(loader=DataLoader(), variables=variables | {"__vllm_server_command": command})
+    return templar.template(trust_as_template((ROLE / "templates" / "vllm.service.j2").read_text()))
+
+
+def directives(unit, name):
+    return [line.split("=", 1)[1] for line in unit.splitlines() if line.startswith(name + "=")]
+
+
+@pytest.mark.parametrize("fixture", ["h200-580.txt", "driver-535.txt"])
+def test_the_rendered_device_rules_open_the_gpus_the_control_device_and_uvm_on_old_and_new_drivers(fixture):
+    devices = character_devices((PROC_DEVICES / fixture).read_text())
+    rules = directives(render_unit(), "DeviceAllow")
+    assert all(rule.endswith(" rw") for rule in rules)
+    uvm = next(major for major, names in devices.items() if "nvidia-uvm" in names)
+    caps = next(major for major, names in devices.items() if "nvidia-caps" in names)
+    assert allowed_majors(rules, devices) == {195, uvm, caps}
+
+
+def test_the_rules_before_nvidia_frontend_was_added_would_open_no_gpu_on_a_535_driver():
+    devices = character_devices((PROC_DEVICES / "driver-535.txt").read_text())
+    rules = [rule for rule in directives(render_unit(), "DeviceAllow") if not rule.startswith("char-nvidia-frontend")]
+    assert 195 not in allowed_majors(rules, devices)
+
+
+def test_the_cpu_build_gets_no_nvidia_device_and_no_sandbox_renders_no_device_policy():
+    assert directives(render_unit(vllm_server_device="cpu"), "DeviceAllow") == []
+    assert directives(render_unit(vllm_server_device="cpu"), "DevicePolicy") == ["closed"]
+    unsandboxed = render_unit(vllm_server_hardening=False)
+    for name in ("DevicePolicy", "DeviceAllow", "SystemCallFilter", "ProtectHome", "PrivateTmp"):
+        assert directives(unsandboxed, name) == []
+
+
+def test_locked_memory_is_systemds_default_unless_the_role_is_told_infinity():
+    assert directives(render_unit(), "LimitMEMLOCK") == []
+    assert directives(render_unit(vllm_server_limit_memlock="infinity"), "LimitMEMLOCK") == ["infinity"]
+
+
+def test_a_system_call_added_to_the_filter_comes_after_the_privileged_set_it_is_taken_back_from():
+    unit = render_unit(vllm_server_system_call_filter=["@system-service", "~@privileged", "pidfd_getfd"])
+    # systemd applies SystemCallFilter= lines in order: an allow line after a ~ line adds the call back.
+    assert directives(unit, "SystemCallFilter") == ["@system-service", "~@privileged", "pidfd_getfd"]
+    assert directives(render_unit(), "SystemCallFilter") == ["@system-service", "~@privileged"]
+
+
+def test_the_new_options_are_declared_with_their_defaults():
+    specs = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
+    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    for name in ("vllm_server_limit_memlock", "vllm_server_device_allow"):
+        assert specs[name]["default"] == defaults[name], name
+
+
+@pytest.fixture
+def run_preflight(run_role_tasks):
+    """The role's preflight on this machine, in check mode, as a play runs it: (rc, failure messages)."""
+    return lambda **variables: run_role_tasks("vllm_server", "preflight", REQUIRED | variables)
+
+
+def test_the_preflight_passes_the_defaults_and_reads_this_hosts_devices(run_preflight):
+    # /proc/devices of this machine is read for real; it has no NVIDIA driver, so no group can miss one.
+    assert run_preflight(vllm_server_python="/usr/bin/python3") == (0, [])
+
+
+def test_the_preflight_refuses_weights_in_tmp_and_expandable_segments_naming_each(run_preflight):
+    rc, failures = run_preflight(
+        vllm_server_python="/usr/bin/python3",
+        vllm_server_model_path="/tmp/tinyllama",
+        vllm_server_env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+    )
+    assert rc == 2
+    (message,) = failures
+    assert message.startswith("Instance tiny cannot run under its unit's sandbox: ")
+    assert (
+        "the weights (vllm_server_model_path) is /tmp/tinyllama, under /tmp, which the unit's PrivateTmp=yes" in message
+    )
+    assert "PYTORCH_CUDA_ALLOC_CONF turns on torch's expandable segments" in message
+
+
+@pytest.fixture
+def link_outside_tmp():
+    """A directory in /dev/shm, which neither ProtectHome= nor PrivateTmp= hides, for symbolic links."""
+    directory = Path(tempfile.mkdtemp(prefix="llmops-sandbox-", dir="/dev/shm"))
+    yield directory
+    shutil.rmtree(directory)
+
+
+def test_the_preflight_follows_the_venvs_interpreter_to_the_python_it_links_to(run_preflight, link_outside_tmp):
+    interpreter = link_outside_tmp / "python"
+    base = "/root/.pyenv/versions/3.11.7/bin/python3.11"
+    interpreter.symlink_to(base)
+    rc, failures = run_preflight(vllm_server_python=str(interpreter))
+    assert rc == 2
+    assert f"(vllm_server_python) is {base}, under /root, which the unit's ProtectHome=yes" in failures[0]
