@@ -42,7 +42,7 @@ $(VENV)/.installed: requirements.txt requirements-test.txt roles/vllm_install/de
 	touch $@
 
 .PHONY: venv
-venv: $(VENV)/.installed $(COLLECTION_LINK) ## Create the Python venv of the controller and the tests
+venv: $(VENV)/.installed $(COLLECTION_LINK) $(PROMTOOL) ## Create the Python venv of the controller and the tests, and promtool
 
 $(COLLECTION_LINK):
 	mkdir -p $(dir $@)
@@ -85,7 +85,7 @@ $(PROMTOOL):
 	rm .build/prometheus/prometheus_*.deb
 
 .PHONY: unit
-unit: venv $(PROMTOOL) ## pytest unit tests, promtool's tests of the alert rules among them
+unit: venv ## pytest unit tests, promtool's tests of the alert rules among them
 	pytest tests/unit
 
 .PHONY: molecule

@@ -548,9 +548,12 @@ def step_swap(results: Results, host: GpuHost, args):
         run_step(results, host, "swap", "back_by_stop", "swap.yml", {"model": "host_a"}, unit=unit_of("host_a"))
         broken = run_step(results, host, "swap", "broken_by_stop", "swap.yml", {"model": "host_broken"})
     else:
+        # An instance that sleeps keeps its port: each new one takes a port of its own.
         sleep = {"vllm_swap_mode": "sleep"}
-        run_step(results, host, "swap", "back_by_sleep", "swap.yml", {"model": "host_a"}, sleep, unit=unit_of("host_a"))
-        broken = run_step(results, host, "swap", "broken_by_sleep", "swap.yml", {"model": "host_broken"}, sleep)
+        back = {"model": "host_a", "vllm_swap_port": 8001}
+        run_step(results, host, "swap", "back_by_sleep", "swap.yml", back, sleep, unit=unit_of("host_a"))
+        broken = {"model": "host_broken", "vllm_swap_port": 8002}
+        broken = run_step(results, host, "swap", "broken_by_sleep", "swap.yml", broken, sleep)
     results.add(
         "swap", "broken_result", [result.get("msg") for result in results_of(broken["report"], "vllm_service")][-3:]
     )

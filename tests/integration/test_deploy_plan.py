@@ -46,7 +46,8 @@ def test_user_entry_with_a_layout_that_cannot_load_fails_at_the_plan(tmp_path, h
         "alternatives:\n  ep8: {tensor_parallel_size: 8, expert_parallel_size: 8}\n"
     )
     facts = tmp_path / "gpus.json"
-    facts.write_text(json.dumps({"vllm_gpus": pcie_box()}))
+    # GPUs this controller does not have: the device files that a real GPU host must have are not asked for.
+    facts.write_text(json.dumps({"vllm_gpus": pcie_box(), "vllm_preflight_nvidia_devices": []}))
     proc = deploy(
         tmp_path, "-e", "model=my_minimax", "-e", f"vllm_catalog_paths={catalog}",
         "-e", f"vllm_weights_hub_endpoint={endpoint}", "-e", f"@{facts}",

@@ -1,7 +1,7 @@
 """promtool for the tests of the alert rules and the dashboard's queries.
 
-It comes from Debian's prometheus package, the release that the vllm_prometheus role installs; `make unit` unpacks it
-under .build and names it in PROMTOOL.
+It comes from Debian's prometheus package, the release that the vllm_prometheus role installs; `make venv` unpacks it
+under .build (and the Makefile names it in PROMTOOL), where the tests find it however pytest is started.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import pytest
 
 @pytest.fixture(scope="session")
 def promtool() -> str:
-    path = os.environ.get("PROMTOOL") or shutil.which("promtool")
+    unpacked = Path(__file__).resolve().parents[3] / ".build" / "prometheus" / "usr" / "bin" / "promtool"
+    path = os.environ.get("PROMTOOL") or (str(unpacked) if unpacked.exists() else shutil.which("promtool"))
     if not path or not Path(path).exists():
-        pytest.fail("promtool is missing: `make unit` unpacks it from Debian's prometheus package and sets PROMTOOL")
+        pytest.fail("promtool is missing: `make venv` unpacks it from Debian's prometheus package under .build")
     return path
