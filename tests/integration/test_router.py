@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Fleet, LocalHost, unfolded
+from .conftest import Fleet, LocalHost, deploy_tiny, remove_instances, unfolded
 from .router_load import StreamingLoad
 
 CATALOG = json.dumps({"vllm_catalog_paths": [str(Path(__file__).resolve().parent / "catalog")]})
@@ -127,6 +127,10 @@ def routed(fleet, tmp_path_factory) -> Routed:
     assert proc.returncode == 0, f"router.yml failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
     yield routed
     first.sh(f"systemctl disable --now {UNIT}")
+    # The fleet as the `fleet` fixture gives it to the tests after these: tiny serving on both hosts, no tiny_v2.
+    for host in fleet.hosts:
+        remove_instances(host, "tiny_v2")
+    deploy_tiny(fleet.inventory)
 
 
 def report(what: str, load: StreamingLoad, seconds: float, before: dict, after: dict) -> None:
