@@ -153,14 +153,26 @@ def parse_show(name: str, text: str) -> UnitState:
     )
 
 
+def drop_in_dir_names(name: str) -> list[str]:
+    """The drop-in directories that systemd reads for a unit, the most specific first: NAME.d, then one for each
+    dash-prefix of the name (vllm-tiny-b.service: vllm-tiny-.service.d, vllm-.service.d), then the unit type's."""
+    stem, _dot, unit_type = name.rpartition(".")
+    parts = stem.split("-")
+    prefixes = ["-".join(parts[:count]) + "-." + unit_type + ".d" for count in range(len(parts) - 1, 0, -1)]
+    return [name + ".d", *prefixes, unit_type + ".d"]
+
+
 def drop_ins_on_disk(name: str, unit_dirs: tuple[str, ...] = UNIT_DIRS) -> tuple[str, ...]:
-    """The drop-in files of a unit as they are on disk now."""
-    found = []
-    for directory in unit_dirs:
-        drop_in_dir = os.path.join(directory, name + ".d")
-        if os.path.isdir(drop_in_dir):
-            found += [os.path.join(drop_in_dir, entry) for entry in os.listdir(drop_in_dir) if entry.endswith(".conf")]
-    return tuple(sorted(found))
+    """The drop-in files of a unit as they are on disk now; of several with one file name, systemd reads one."""
+    found = {}
+    for dir_name in drop_in_dir_names(name):
+        for directory in unit_dirs:
+            drop_in_dir = os.path.join(directory, dir_name)
+            if os.path.isdir(drop_in_dir):
+                for entry in sorted(os.listdir(drop_in_dir)):
+                    if entry.endswith(".conf"):
+                        found.setdefault(entry, os.path.join(drop_in_dir, entry))
+    return tuple(sorted(found.values()))
 
 
 def needs_daemon_reload(state: UnitState, unit_dirs: tuple[str, ...] = UNIT_DIRS) -> bool:

@@ -8,6 +8,8 @@ from ansible_collections.llmops.vllm.plugins.module_utils._unit import (
     Unit,
     UnitError,
     cgroup_pids,
+    drop_in_dir_names,
+    drop_ins_on_disk,
     engine_death,
     error_lines,
     exec_start_argv,
@@ -145,6 +147,23 @@ def test_a_drop_in_added_or_removed_since_loading_needs_a_reload(tmp_path):
     drop_in.unlink()
     assert needs_daemon_reload(reloaded, unit_dirs)
     assert needs_daemon_reload(parse_show("vllm-tiny.service", "NeedDaemonReload=yes\n"), unit_dirs)
+
+
+def test_drop_ins_of_a_name_prefix_and_of_the_unit_type_count_too(tmp_path):
+    """A fleet-wide vllm-.service.d/ (the integration tests' own core binding) is read by systemd for every vllm-*
+    unit: a module that did not count it reloaded systemd and said `changed` at every run."""
+    assert drop_in_dir_names("vllm-tiny_v2-0.31.0.service") == [
+        "vllm-tiny_v2-0.31.0.service.d", "vllm-tiny_v2-.service.d", "vllm-.service.d", "service.d"
+    ]  # fmt: skip
+    assert drop_in_dir_names("vllm.service") == ["vllm.service.d", "service.d"]
+    unit_dirs = (str(tmp_path / "etc"), str(tmp_path / "lib"))
+    for path in ("etc/vllm-.service.d/core.conf", "lib/service.d/10-type.conf", "lib/vllm-.service.d/core.conf"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("[Service]\n")
+    expected = (str(tmp_path / "etc/vllm-.service.d/core.conf"), str(tmp_path / "lib/service.d/10-type.conf"))
+    assert drop_ins_on_disk("vllm-tiny.service", unit_dirs) == expected
+    loaded = parse_show("vllm-tiny.service", f"NeedDaemonReload=no\nDropInPaths={' '.join(expected)}\n")
+    assert not needs_daemon_reload(loaded, unit_dirs)
 
 
 def test_reset_failed_of_a_unit_that_is_not_loaded_is_no_error():
