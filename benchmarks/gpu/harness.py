@@ -156,8 +156,9 @@ def session_gpu_mib(args, server) -> float | None:
 # ---- servers --------------------------------------------------------------------------------------------
 
 
-def load_entry(name: str) -> dict:
-    with open(find_entry_file(name, CATALOGS), encoding="utf-8") as stream:
+def load_entry(name: str, catalogs: tuple = ()) -> dict:
+    """The catalog entry NAME, looked up in `catalogs` first, then in the project's catalogs."""
+    with open(find_entry_file(name, [*catalogs, *CATALOGS]), encoding="utf-8") as stream:
         return check_entry(name, yaml.safe_load(stream))
 
 
@@ -178,7 +179,7 @@ class Server:
     ):  # fmt: skip
         """`entry`, `layout` and `gpus`: another catalog entry than --entry (served from its own source path), a
         layout other than its own, and the GPUs its instance holds (CUDA_VISIBLE_DEVICES, as the role renders it)."""
-        chosen = load_entry(entry or args.entry)
+        chosen = load_entry(entry or args.entry, args.catalog)
         model_dir = chosen["source"]["path"] if entry else args.model_dir
         entry = {**chosen, "sleep_mode": sleep_mode}
         extra_args = list(entry["extra_args"]) + (["--enforce-eager"] if eager else [])
@@ -597,8 +598,13 @@ def guard_check(server) -> dict:
 def bench_servers(args) -> list:
     # Compiled (torch.compile and CUDA graphs), as real models run, on the GPU; the CPU build runs eager. No
     # prefix caching: both clients draw their prompts as vLLM's random dataset does, and prompts that start
-    # at the same offset would be served from the cache for whichever client comes second.
-    server = Server(args, "bench", args.port + 30, args.bench_utilization, 0, eager=args.device != "cuda")
+    # at the same offset would be served from the cache for whichever client comes second. Its share of GPU memory
+    # and its sleep mode are the entry's, unless --bench-utilization says otherwise.
+    entry = load_entry(args.entry, args.catalog)
+    utilization = args.bench_utilization or entry["gpu_memory_utilization"]
+    server = Server(
+        args, "bench", args.port + 30, utilization, 0, eager=args.device != "cuda", sleep_mode=entry["sleep_mode"]
+    )
     server.extend(["--no-enable-prefix-caching"])
     return [server]
 
@@ -746,7 +752,10 @@ def main():
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--summary", type=Path, help="write only the Markdown of an earlier run's JSON")
     parser.add_argument("--logs", type=Path, help="where the servers' and streams' output goes (default OUT/logs)")
-    parser.add_argument("--entry", default="gpu_tinyllama", help="catalog entry (benchmarks/models, then models)")
+    parser.add_argument("--entry", default="gpu_tinyllama", help="catalog entry (--catalog, benchmarks/models, models)")
+    parser.add_argument(
+        "--catalog", action="append", default=[], metavar="DIR", help="a catalog searched first (repeatable)"
+    )
     parser.add_argument("--python", default="/opt/torch/.venv/bin/python3", help="the server's interpreter")
     parser.add_argument("--pythonpath", default="/tmp/site", help="where the bundle's vLLM lies ('' for none)")
     parser.add_argument("--model-dir", default="/tmp/tinyllama")
@@ -755,7 +764,7 @@ def main():
     parser.add_argument("--home", default="/tmp/llmops-vllm-home", help="the unit's HOME (vllm_server_home)")
     parser.add_argument("--port", type=int, default=8100)
     parser.add_argument("--small-utilization", type=float, default=0.12, help="GPU memory share of the eager servers")
-    parser.add_argument("--bench-utilization", type=float, default=0.9)
+    parser.add_argument("--bench-utilization", type=float, help="the bench server's share (default: the entry's)")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument(
         "--levels", nargs="+", default=["1:24", "8:96", "32:256", "128:512"], help="CONCURRENCY:REQUESTS"
