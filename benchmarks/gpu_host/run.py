@@ -260,6 +260,15 @@ def debug_lines(report: dict, name: str) -> list:
     return []
 
 
+def fact_of(report: dict, name: str):
+    """The last value that a task of the run gave the fact `name` (a role's result), or None."""
+    found = None
+    for task in tasks_of(report):
+        for _, result in module_results(task):
+            found = (result.get("ansible_facts") or {}).get(name, found)
+    return found
+
+
 def changed_tasks(report: dict) -> list:
     return [task_name(task) for task in tasks_of(report) for result in task["hosts"].values() if result.get("changed")]
 
@@ -541,20 +550,30 @@ def step_share(results: Results, host: GpuHost, args):
     host.exec("systemctl", "daemon-reload")
 
 
+def run_swap(results: Results, host: GpuHost, name: str, *variables, unit=None) -> dict:
+    """swap.yml, with the swap's own account of its time beside the runner's split: its downtime in parts, and a
+    rollback's own seconds, from its start (right after the failed step) until the old model serves again."""
+    outcome = run_step(results, host, "swap", name, "swap.yml", *variables, unit=unit)
+    account = fact_of(outcome["report"], "vllm_swap_result") or {}
+    keys = ("result", "mode", "seconds", "downtime", "stop", "memory_wait", "load", "rollback", "overhead")
+    results.add("swap", f"{name}_account", {key: account.get(key) for key in keys})
+    return outcome
+
+
 def step_swap(results: Results, host: GpuHost, args):
-    run_step(results, host, "swap", "by_stop", "swap.yml", {"model": "host_b"}, unit=unit_of("host_b"))
+    run_swap(results, host, "by_stop", {"model": "host_b"}, unit=unit_of("host_b"))
     results.add("swap", "by_stop_serves", serves(host, "host_b"))
     if not args.sleep:
         results.add("swap", "by_sleep", "skipped: this host's build of vLLM has no sleep mode (--no-sleep)")
-        run_step(results, host, "swap", "back_by_stop", "swap.yml", {"model": "host_a"}, unit=unit_of("host_a"))
-        broken = run_step(results, host, "swap", "broken_by_stop", "swap.yml", {"model": "host_broken"})
+        run_swap(results, host, "back_by_stop", {"model": "host_a"}, unit=unit_of("host_a"))
+        broken = run_swap(results, host, "broken_by_stop", {"model": "host_broken"})
     else:
         # An instance that sleeps keeps its port: each new one takes a port of its own.
         sleep = {"vllm_swap_mode": "sleep"}
         back = {"model": "host_a", "vllm_swap_port": 8001}
-        run_step(results, host, "swap", "back_by_sleep", "swap.yml", back, sleep, unit=unit_of("host_a"))
+        run_swap(results, host, "back_by_sleep", back, sleep, unit=unit_of("host_a"))
         broken = {"model": "host_broken", "vllm_swap_port": 8002}
-        broken = run_step(results, host, "swap", "broken_by_sleep", "swap.yml", broken, sleep)
+        broken = run_swap(results, host, "broken_by_sleep", broken, sleep)
     results.add(
         "swap", "broken_result", [result.get("msg") for result in results_of(broken["report"], "vllm_service")][-3:]
     )

@@ -73,6 +73,22 @@ def test_a_roles_table_and_the_failures_are_read_by_the_tasks_own_names():
     assert run.failures(REPORT) == [{"task": "Roll back", "host": "h200", "msg": "no serve"}]
 
 
+def test_a_roles_result_is_read_from_the_last_task_that_set_it():
+    swap = [
+        task("llmops.vllm.vllm_swap : Prepare", 0.1, "ansible.builtin.set_fact", ansible_facts={"vllm_swap_result": 0}),
+        task("llmops.vllm.vllm_swap : Keep", 0.1, "ansible.builtin.set_fact", ansible_facts={"other": 1}),
+        task(
+            "llmops.vllm.vllm_swap : Record the result",
+            0.1,
+            "ansible.builtin.set_fact",
+            ansible_facts={"vllm_swap_result": {"result": "rolled back", "rollback": 1.9}},
+        ),
+    ]
+    report = {"plays": [{"tasks": swap}]}
+    assert run.fact_of(report, "vllm_swap_result") == {"result": "rolled back", "rollback": 1.9}
+    assert run.fact_of(report, "vllm_tune_result") is None
+
+
 class Journal:
     def __init__(self, lines):
         self.lines = lines
