@@ -209,6 +209,12 @@ def time_split(report: dict, wall: float) -> dict:
     for task in tasks_of(report):
         seconds = task_seconds(task)
         tasks_total += seconds
+        # A benchmark or a memory wait counts by the task's time, once for all of a loop's items.
+        actions = {action for action, _ in module_results(task)}
+        if any(action.endswith("vllm_bench") for action in actions):
+            parts["bench_s"] += seconds
+        elif any(action.endswith("gpu_memory_wait") for action in actions):
+            parts["gpu_wait_s"] += seconds
         for action, result in module_results(task):
             if action.endswith("vllm_service"):
                 start = result.get("start") or {}
@@ -219,10 +225,6 @@ def time_split(report: dict, wall: float) -> dict:
                 parts["stop_s"] += (result.get("stop") or {}).get("elapsed") or 0
                 parts["sleep_s"] += (result.get("sleep") or {}).get("elapsed") or 0
                 parts["wake_s"] += (result.get("wake") or {}).get("elapsed") or 0
-            elif action.endswith("vllm_bench"):
-                parts["bench_s"] += seconds
-            elif action.endswith("gpu_memory_wait"):
-                parts["gpu_wait_s"] += seconds
     vllm = sum(parts.values())
     split = {key: round(value, 2) for key, value in parts.items()}
     split |= {"loads_s": loads, "tasks_s": round(tasks_total, 2)}

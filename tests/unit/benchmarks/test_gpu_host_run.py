@@ -68,6 +68,17 @@ def test_the_time_of_a_run_is_split_into_what_vllm_and_the_gpus_took_and_ansible
     assert split["tasks_s"] == 68.8
 
 
+def test_a_wait_looped_over_instances_counts_its_tasks_time_once():
+    """On the H200, stop.yml's wait for the GPUs of three instances took 2.5 s and was counted three times."""
+    items = [{"elapsed": 0.25, "item": name} for name in ("host_a", "host_b", "host_broken")]
+    report = {
+        "plays": [{"tasks": [task("Wait until the GPUs are free", 2.5, "llmops.vllm.gpu_memory_wait", results=items)]}]
+    }
+    split = run.time_split(report, wall=4.0)
+    assert split["gpu_wait_s"] == 2.5
+    assert split["ansible_s"] == 1.5
+
+
 def test_a_roles_table_and_the_failures_are_read_by_the_tasks_own_names():
     assert run.debug_lines(REPORT, "Show the fleet") == ["| host | instance |", "engine died: SIGKILL"]
     assert run.failures(REPORT) == [{"task": "Roll back", "host": "h200", "msg": "no serve"}]
