@@ -210,7 +210,7 @@ def time_split(report: dict, wall: float) -> dict:
         seconds = task_seconds(task)
         tasks_total += seconds
         # A benchmark or a memory wait counts by the task's time, once for all of a loop's items.
-        actions = {pair[0] for pair in module_results(task)}
+        actions = {action for action, _result in module_results(task)}
         if any(action.endswith("vllm_bench") for action in actions):
             parts["bench_s"] += seconds
         elif any(action.endswith("gpu_memory_wait") for action in actions):
@@ -266,8 +266,8 @@ def fact_of(report: dict, name: str):
     """The last value that a task of the run gave the fact `name` (a role's result), or None."""
     found = None
     for task in tasks_of(report):
-        for pair in module_results(task):
-            found = (pair[1].get("ansible_facts") or {}).get(name, found)
+        for _action, result in module_results(task):
+            found = (result.get("ansible_facts") or {}).get(name, found)
     return found
 
 
