@@ -12,6 +12,8 @@ readonly CARRY=${1:?the directory of the carried files} STEPS=${2:?up, or the ru
 readonly PYTHON=/opt/torch/.venv/bin/python3
 readonly WHEELHOUSE=/opt/llmops/wheelhouse
 readonly MODEL_CONFIG=/var/lib/llmops-gpu-host/models/llama-1b-config
+# MiniMax-M2.5's own config.json, which the start_seed step cuts to 16 layers (make_seed_model.py).
+readonly SEED_CONFIG=tests/unit/fixtures/configs/MiniMax-M2.5.config.json
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
 bash scripts/gpu-host/host.sh up --carry "$CARRY" --python "$PYTHON"
@@ -21,4 +23,4 @@ if ! compgen -G "$WHEELHOUSE/vllm-*-requirements.txt" >/dev/null; then
 fi
 exec env PYTHONUNBUFFERED=1 "$PYTHON" benchmarks/gpu_host/run.py --inventory inventories/gpu-host \
   --catalog benchmarks/gpu_host/catalog/h200 --out "${OUT:?}" --python "$PYTHON" --weights-from "$MODEL_CONFIG" \
-  --steps "$STEPS"
+  --seed-from "$SEED_CONFIG" --steps "$STEPS"

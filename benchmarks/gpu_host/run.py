@@ -25,6 +25,13 @@ Steps (in this order; --steps picks some, e.g. to split the run over two GPU com
   tune      tune.yml of host_a: a measured candidate, one the planner refuses, one that fails to start; then
             with host_b in its place, a tune of host_a refused before any change
   end       stop.yml of every instance; the units' state
+  probe     what a Python start of vLLM costs on the host: import times (-X importtime), torch's CUDA start, where
+            the packages live and whether their bytecode is there (nothing is written: PYTHONDONTWRITEBYTECODE)
+  start_a   start-up of host_a by phase under the unit: a first deploy.yml, then restarts (stop, start, serving)
+            timed from outside, beside host_a_pyc (host_a with its bytecode cache under the service's home)
+  start_seed  the seed-shaped model (MiniMax-M2.5 cut to 16 layers, --load-format dummy): its config written on the
+            host, a first deploy.yml with an empty compile cache, the planner's memory figures beside vLLM's, and a
+            restart with the cache the first start left
 
 usage: python3 benchmarks/gpu_host/run.py --inventory INVENTORY --catalog DIR --out OUT [--steps a,b,...]
 """
@@ -50,7 +57,7 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
 
 # pylint: disable=wrong-import-position,import-error
 from session_unit import import_collection  # noqa: E402
-from vllm_phases import load_phases  # noqa: E402
+from vllm_phases import load_phases, start_timeline  # noqa: E402
 
 import_collection()
 
@@ -60,8 +67,13 @@ HOST_SH = ROOT / "scripts" / "gpu-host" / "host.sh"
 STREAM_CLIENTS = ROOT / "tests" / "integration" / "stream_clients.py"
 # The rollout before the tune: it needs the bench step's baseline, and the tune takes longest (a GPU command that
 # runs out of time loses the last steps).
-STEPS = ("weights", "deploy", "bench", "stop", "kill", "share", "swap", "rollout", "tune", "end")
+STEPS = (
+    "weights", "deploy", "bench", "stop", "kill", "share", "swap", "rollout", "tune", "end",
+    "start_seed", "start_a", "probe",
+)  # fmt: skip
 CONFIG_DIR = Path("/etc/vllm")
+# The service's home (vllm_server_home), where vLLM keeps its caches (VLLM_CACHE_ROOT is ~/.cache/vllm).
+SERVICE_HOME = Path("/var/lib/vllm")
 SECRETS_FILE = "secrets.json"
 STREAMS = 16
 BENCH_LEVELS = [1, 8, 32, 128]
@@ -326,11 +338,113 @@ def phases_of_loads(host: GpuHost, since: float, unit: str) -> list:
     return [phases for phases in (load_phases(lines) for lines in loads) if phases]
 
 
+def unit_journal(host: GpuHost, since: float, unit: str) -> list[tuple[float, str, str]]:
+    """(seconds, writer, message) of the unit's journal since `since`, in order; writer `systemd` for its lines."""
+    output = host.exec("journalctl", "--no-pager", "-o", "json", "-u", unit, "--since", f"@{int(since)}",
+                       "--output-fields=SYSLOG_IDENTIFIER,MESSAGE", check=False)  # fmt: skip
+    entries = []
+    for line in output.splitlines():
+        entry = json.loads(line)
+        message = entry.get("MESSAGE")
+        if isinstance(message, list):
+            message = bytes(message).decode("utf-8", "replace")
+        if isinstance(message, str):
+            entries.append((int(entry["__REALTIME_TIMESTAMP"]) / 1e6, str(entry.get("SYSLOG_IDENTIFIER", "")), message))
+    return entries
+
+
+def starts_of(entries: list[tuple[float, str, str]]) -> list[dict]:
+    """Each start of the unit in its journal (split at systemd's `Starting` lines): vLLM's phases and figures, and
+    the seconds from `Started` to each mark of the start (vllm_phases.MARKS)."""
+    starts, current = [], None
+    for entry in entries:
+        if entry[1] == "systemd" and entry[2].startswith("Starting "):
+            if current:
+                starts.append(current)
+            current = []
+        if current is not None:
+            current.append(entry)
+    if current:
+        starts.append(current)
+    return [
+        {**load_phases([message for _time, _writer, message in start]), "timeline": start_timeline(start)}
+        for start in starts
+    ]
+
+
+def plan_against_vllm(memory: dict, phases: dict) -> dict:
+    """The planner's memory figures for one GPU beside what vLLM reported at its start, and how far each is off
+    (plan minus vLLM, in percent of vLLM's)."""
+    pairs = {
+        "weights_gib": (memory["weights_bytes"] / 2**30, phases.get("weights_gib")),
+        "kv_cache_gib": (memory["kv_cache_bytes"] / 2**30, phases.get("kv_cache_gib")),
+        "kv_cache_tokens": (memory["kv_cache_tokens"], phases.get("kv_cache_tokens")),
+        "max_concurrency": (
+            memory["kv_cache_tokens"] / memory["max_model_len"] if memory.get("max_model_len") else None,
+            phases.get("max_concurrency"),
+        ),
+    }
+    compared = {}
+    for key, (planned, reported) in pairs.items():
+        off = round(100 * (planned - reported) / reported, 1) if planned is not None and reported else None
+        compared[key] = {"plan": round(planned, 2) if planned is not None else None, "vllm": reported,
+                         "off_percent": off}  # fmt: skip
+    return compared
+
+
+def cache_sizes(home: Path = SERVICE_HOME) -> dict:
+    """Bytes of each cache under the service's home: ~/.cache/* and vLLM's own directories in ~/.cache/vllm."""
+    paths = [*home.glob(".cache/*"), *home.glob(".cache/vllm/*"), *home.glob(".cache/vllm/torch_compile_cache/*")]
+    paths += [path for path in (home / ".triton", home / ".nv") if path.exists()]
+    sizes = {}
+    for path in sorted(paths):
+        completed = subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True, check=False)
+        if completed.returncode == 0:
+            sizes[str(path.relative_to(home))] = int(completed.stdout.split()[0])
+    return sizes
+
+
+def wait_serving(host: GpuHost, instance: str, timeout: float) -> dict:
+    """Poll one completion from the instance until it answers: seconds until then, and the last answer."""
+    started = time.monotonic()
+    answer = {}
+    while time.monotonic() - started < timeout:
+        answer = serves(host, instance)
+        if answer.get("done"):
+            return {"serving_after_s": round(time.monotonic() - started, 2)}
+        time.sleep(0.5)
+    return {"serving_after_s": None, "last_answer": answer}
+
+
+def timed_restart(results: Results, host: GpuHost, step: str, name: str, instance: str, args, stop=None) -> dict:
+    """Stop the unit of `stop` (default: the instance itself), start the instance's, and wait for its first
+    completion, timed from outside; with vLLM's phases of the start and the caches under the service's home after
+    it."""
+    unit = unit_of(instance)
+    since = host.clock()
+    started = time.monotonic()
+    host.exec("systemctl", "stop", unit_of(stop or instance), timeout=180)
+    stopped = time.monotonic()
+    host.exec("systemctl", "start", unit, timeout=120)
+    serving = wait_serving(host, instance, args.restart_timeout)
+    outcome = {
+        "stop_s": round(stopped - started, 2),
+        "start_to_serving_s": serving["serving_after_s"],
+        "restart_s": round(time.monotonic() - started, 2) if serving["serving_after_s"] is not None else None,
+        **({"last_answer": serving["last_answer"]} if "last_answer" in serving else {}),
+        "starts": starts_of(unit_journal(host, since, unit)),
+        "cache_bytes": cache_sizes(),
+    }
+    results.add(step, name, outcome)
+    return outcome
+
+
 def run_step(results: Results, host: GpuHost, step: str, name: str, playbook: str, *variables, unit=None, **kw):
     outcome = host.play(name, playbook, *variables, **kw)
     kept = summary(outcome)
     if unit:
         kept["vllm_phases"] = phases_of_loads(host, outcome["since"], unit)
+        kept["starts"] = starts_of(unit_journal(host, outcome["since"], unit))
     kept["journal"] = scan(host, outcome["since"])
     results.add(step, name, kept)
     return outcome
@@ -643,6 +757,172 @@ def step_end(results: Results, host: GpuHost, args):
     results.add("end", "gpu_used_mib", gpu_used_mib())
 
 
+PROBE_IMPORTS = """
+import json, time
+started = time.monotonic()
+import torch
+imported = time.monotonic()
+if torch.cuda.is_available():
+    torch.zeros(1, device="cuda")
+cuda = time.monotonic()
+import vllm.entrypoints.openai.api_server
+print(json.dumps({"import_torch_s": round(imported - started, 2), "cuda_first_tensor_s": round(cuda - imported, 2),
+                  "import_vllm_api_server_s": round(time.monotonic() - cuda, 2)}))
+"""
+PROBE_BYTECODE = """
+import importlib.util, json, os, sys
+found = {}
+for name in ("torch", "vllm", "transformers", "triton"):
+    spec = importlib.util.find_spec(name)
+    if spec is None:
+        continue
+    root = list(spec.submodule_search_locations)[0]
+    sources = compiled = 0
+    for directory, _directories, files in os.walk(root):
+        sources += sum(file.endswith(".py") for file in files)
+        if os.path.basename(directory) == "__pycache__":
+            compiled += sum(file.endswith("." + sys.implementation.cache_tag + ".pyc") for file in files)
+    found[name] = {"root": root, "sources": sources, "compiled": compiled, "root_may_write": os.access(root, os.W_OK),
+                   "read_only_filesystem": bool(os.statvfs(root).f_flag & os.ST_RDONLY)}
+print(json.dumps(found))
+"""
+
+
+def importtime_summary(text: str, top: int = 15) -> dict:
+    """`python -X importtime` output: the total of the modules' own times, the slowest top-level imports by their
+    cumulative time, and the own times summed by top-level package."""
+    rows = []
+    for line in text.splitlines():
+        if not line.startswith("import time:") or "self [us]" in line:
+            continue
+        own, cumulative, name = line.removeprefix("import time:").split("|", 2)
+        rows.append((int(own), int(cumulative), name.rstrip()))
+    packages = {}
+    for own, _cumulative, name in rows:
+        package = name.strip().split(".")[0]
+        packages[package] = packages.get(package, 0) + own
+    top_level = sorted((row for row in rows if not row[2].startswith("  ")), key=lambda row: -row[1])
+    return {
+        "modules": len(rows),
+        "total_own_s": round(sum(row[0] for row in rows) / 1e6, 2),
+        "top_level_cumulative_s": {
+            name.strip(): round(cumulative / 1e6, 2) for _own, cumulative, name in top_level[:top]
+        },
+        "own_s_by_package": {
+            name: round(own / 1e6, 2) for name, own in sorted(packages.items(), key=lambda item: -item[1])[:top]
+        },
+    }
+
+
+def step_probe(results: Results, host: GpuHost, args):
+    """What one Python start of vLLM costs on this host, outside the unit, as root; writes no bytecode."""
+    python = host.record("host_a")["python"]
+    environment = os.environ | {"PYTHONDONTWRITEBYTECODE": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0"}
+
+    def timed(*command, timeout=300):
+        started = time.monotonic()
+        completed = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=timeout,
+                                   check=False)  # fmt: skip
+        return completed, round(time.monotonic() - started, 2)
+
+    _completed, bare = timed(python, "-c", "pass")
+    results.add("probe", "interpreter_alone_s", bare)
+    for attempt in (1, 2):
+        completed, seconds = timed(python, "-c", PROBE_IMPORTS)
+        last = completed.stdout.strip().splitlines()[-1:] or ["{}"]
+        results.add("probe", f"imports_{attempt}", {"seconds": seconds, "rc": completed.returncode,
+                                                      **json.loads(last[0] if last[0].startswith("{") else "{}"),
+                                                      "stderr": completed.stderr.strip()[-300:]})  # fmt: skip
+    completed, seconds = timed(python, "-X", "importtime", "-c", "import vllm.entrypoints.openai.api_server")
+    (host.logs / "importtime.txt").write_text(completed.stderr)
+    results.add("probe", "importtime", {"seconds": seconds, **importtime_summary(completed.stderr)})
+    completed, _seconds = timed(python, "-c", PROBE_BYTECODE)
+    bytecode = json.loads(completed.stdout or "{}")
+    results.add("probe", "bytecode", bytecode)
+    mounts = {}
+    for name, found in bytecode.items():
+        listed = subprocess.run(["findmnt", "-n", "-o", "TARGET,SOURCE,FSTYPE,OPTIONS", "-T", found["root"]],
+                                capture_output=True, text=True, check=False)  # fmt: skip
+        mounts[name] = listed.stdout.strip()
+    results.add("probe", "mounts", mounts)
+    library = next(
+        iter(Path(bytecode.get("torch", {}).get("root", "/nonexistent"), "lib").glob("libtorch_cuda.so")), None
+    )
+    if library:
+        reads = [timed("cat", str(library))[1] for _attempt in (1, 2)]
+        results.add("probe", "read_libtorch_cuda", {"bytes": library.stat().st_size, "seconds": reads})
+    if shutil.which("nvidia-smi"):
+        completed, _seconds = timed(
+            "nvidia-smi", "--query-gpu=persistence_mode,driver_version", "--format=csv,noheader"
+        )
+        results.add("probe", "persistence_mode", completed.stdout.strip())
+
+
+def plan_of(report: dict) -> dict | None:
+    """The memory plan of the last vllm_plan result of a run (the preflight's, on this host's GPUs)."""
+    plans = [result.get("memory") for result in results_of(report, "vllm_plan") if result.get("memory")]
+    return plans[-1] if plans else None
+
+
+def compare_plan(results: Results, step: str, outcome: dict, starts: list):
+    memory = plan_of(outcome["report"])
+    if memory is None or not starts:
+        results.add(step, "plan_against_vllm", {"error": "no plan or no start in the journal"})
+        return
+    results.add(step, "plan", memory)
+    results.add(step, "plan_against_vllm", plan_against_vllm(memory, starts[-1]))
+
+
+def step_start_a(results: Results, host: GpuHost, args):
+    """host_a's first start (a cold disk on a fresh machine), then restarts timed from outside, interleaved with
+    host_a_pyc's: host_a, host_a_pyc, host_a, host_a_pyc."""
+    unit = unit_of("host_a")
+    first = run_step(results, host, "start_a", "deploy_cold", "deploy.yml", {"model": "host_a"}, unit=unit)
+    if first["rc"]:
+        raise RuntimeError("the first deploy of host_a failed")
+    compare_plan(results, "start_a", first, starts_of(unit_journal(host, first["since"], unit)))
+    results.add("start_a", "cache_bytes_after_first_start", cache_sizes())
+    timed_restart(results, host, "start_a", "restart_1", "host_a", args)
+    # One GPU holds one instance at a time (the preflight refuses two on a GPU): host_a stops first.
+    host.exec("systemctl", "stop", unit, timeout=180)
+    pyc = run_step(results, host, "start_a", "deploy_pyc_first", "deploy.yml", {"model": "host_a_pyc"},
+                   unit=unit_of("host_a_pyc"))  # fmt: skip
+    if pyc["rc"]:
+        raise RuntimeError("the first deploy of host_a_pyc failed")
+    timed_restart(results, host, "start_a", "restart_pyc_1", "host_a_pyc", args)
+    timed_restart(results, host, "start_a", "switch_to_a_2", "host_a", args, stop="host_a_pyc")
+    timed_restart(results, host, "start_a", "switch_to_pyc_2", "host_a_pyc", args, stop="host_a")
+    host.exec("systemctl", "stop", unit_of("host_a_pyc"), timeout=180)
+
+
+def step_start_seed(results: Results, host: GpuHost, args):
+    """The seed-shaped model: its config on the host, a first start with an empty compile cache, the planner beside
+    vLLM, then a restart with the cache that the first start left; every unit stopped after."""
+    if args.seed_from:
+        completed = subprocess.run(
+            [args.python, str(HERE / "make_seed_model.py"), args.seed_from, args.weights_from, args.seed_to],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        results.add("start_seed", "model", {"rc": completed.returncode, "output": completed.stdout.strip()[-400:],
+                                            "stderr": completed.stderr.strip()[-400:]})  # fmt: skip
+        if completed.returncode:
+            raise RuntimeError("the seed-shaped model's config was not written")
+    # Cold means no compile cache: whatever an earlier run left goes first.
+    cache = SERVICE_HOME / ".cache" / "vllm"
+    results.add("start_seed", "cache_bytes_removed_before", cache_sizes())
+    shutil.rmtree(cache, ignore_errors=True)
+    unit = unit_of("seed")
+    first = run_step(results, host, "start_seed", "deploy_cold", "deploy.yml",
+                     {"model": "seed", "vllm_server_load_format": "dummy"}, unit=unit, timeout=1200)  # fmt: skip
+    compare_plan(results, "start_seed", first, starts_of(unit_journal(host, first["since"], unit)))
+    results.add("start_seed", "cache_bytes_after_first_start", cache_sizes())
+    if first["rc"]:
+        raise RuntimeError("the first deploy of the seed-shaped model failed")
+    results.add("start_seed", "serves", serves(host, "seed"))
+    timed_restart(results, host, "start_seed", "restart_warm", "seed", args)
+    run_step(results, host, "start_seed", "stop_all", "stop.yml")
+
+
 # ---- report -------------------------------------------------------------------------------------------------
 
 
@@ -699,6 +979,8 @@ def main():
     parser.add_argument("--python", default=sys.executable, help="the Python with torch, for make_weights.py")
     parser.add_argument("--weights-from", default="", help="the model directory (config, tokenizer) to give weights")
     parser.add_argument("--weights-to", default="/var/lib/llmops-gpu-host/models/llama-1b")
+    parser.add_argument("--seed-from", default="", help="MiniMax-M2.5's config.json, for the seed-shaped model")
+    parser.add_argument("--seed-to", default="/var/lib/llmops-gpu-host/models/minimax-m25-16l")
     parser.add_argument("--no-sleep", dest="sleep", action="store_false", help="the build has no sleep mode (CPU)")
     parser.add_argument("--restart-timeout", type=float, default=300)
     # Enough to be streaming through a stop; within the catalog's max_model_len (the CPU catalog's tiny: 2048).

@@ -142,3 +142,97 @@ def test_the_journal_scan_leaves_out_what_ansible_logs_of_its_modules_arguments(
     messages = run.host_messages("\n".join(json.dumps(entry) for entry in entries))
     assert messages == [refused, "SHARE \ufffd"]
     assert [m for m in messages if run.JOURNAL_ALARMS["operation_not_permitted"].search(m)] == [refused]
+
+
+def journal_json(entries):
+    """`journalctl -o json` lines of (seconds, writer, message)."""
+    return "\n".join(
+        json.dumps({"__REALTIME_TIMESTAMP": str(int(seconds * 1e6)), "SYSLOG_IDENTIFIER": writer, "MESSAGE": message})
+        for seconds, writer, message in entries
+    )
+
+
+class JsonJournal:
+    def __init__(self, entries):
+        self.output = journal_json(entries)
+
+    def exec(self, *command, check=True, timeout=120):
+        assert command[:5] == ("journalctl", "--no-pager", "-o", "json", "-u")
+        return self.output
+
+
+START = [
+    (100.0, "systemd", "Starting vllm-seed.service - vLLM serving minimax-m2.5-16l..."),
+    (100.2, "systemd", "Started vllm-seed.service - vLLM serving minimax-m2.5-16l."),
+    (124.5, "python", "INFO 12-04 19:00:24 [api_server.py:1] vLLM API server version 0.26.0"),
+    (125.0, "python", "INFO 12-04 19:00:25 [model.py:623] Resolved architecture: MiniMaxM2ForCausalLM"),
+    (150.1, "python", "(EngineCore pid=77) INFO 12-04 19:00:50 [core.py:1] Initializing a V1 LLM engine"),
+    (163.0, "python", "(EngineCore pid=77) INFO Model loading took 57.1 GiB memory and 12.9 seconds"),
+    (191.0, "python", "(EngineCore pid=77) INFO [monitor.py:53] torch.compile took 21.5 s in total"),
+    (245.0, "python", "(EngineCore pid=77) INFO [gpu_worker.py:561] Available KV cache memory: 63.2 GiB"),
+    (245.1, "python", "(EngineCore pid=77) INFO [kv_cache_utils.py:2177] GPU KV cache size: 1,035,264 tokens"),
+    (245.2, "python", "(EngineCore pid=77) INFO Maximum concurrency for 32,768 tokens per request: 31.59x"),
+    (386.0, "python", "(EngineCore pid=77) INFO Graph capturing finished in 12 secs, took 0.9 GiB"),
+    (387.0, "python", "(EngineCore pid=77) INFO init engine (profile, create kv cache, warmup model) took 222.4 s"),
+    (401.3, "python", "INFO:     Application startup complete."),
+]  # fmt: skip
+
+
+def test_a_start_is_timed_from_the_units_started_line_to_each_of_vllms_marks():
+    timeline = run.start_timeline(START)
+    assert timeline == {
+        "api_server_first_line": 24.3,
+        "config_resolved": 24.8,
+        "engine_first_line": 49.9,
+        "weights_loaded": 62.8,
+        "compiled": 90.8,
+        "kv_cache_sized": 144.8,
+        "graphs_captured": 285.8,
+        "engine_ready": 286.8,
+        "serving": 301.1,
+    }
+    assert run.start_timeline(START[2:]) == {}
+
+
+def test_each_start_of_the_unit_has_its_own_phases_figures_and_timeline():
+    restart = [(500.0 + seconds, writer, message) for seconds, writer, message in START]
+    stop = [(450.0, "systemd", "Stopping vllm-seed.service - vLLM serving minimax-m2.5-16l...")]
+    starts = run.starts_of(run.unit_journal(JsonJournal([*START, *stop, *restart[:4]]), 0, "vllm-seed.service"))
+    assert len(starts) == 2
+    first, second = starts
+    assert first["weights_gib"] == 57.1 and first["kv_cache_gib"] == 63.2
+    assert first["kv_cache_tokens"] == 1035264 and first["max_concurrency"] == 31.59
+    assert first["timeline"]["serving"] == 301.1
+    assert second == {"timeline": {"api_server_first_line": 24.3, "config_resolved": 24.8}}
+
+
+def test_the_plan_is_set_beside_what_vllm_reported_and_how_far_off_it_is():
+    memory = {
+        "weights_bytes": int(57.0 * 2**30),
+        "kv_cache_bytes": int(60.0 * 2**30),
+        "kv_cache_tokens": 983040,
+        "max_model_len": 32768,
+    }
+    phases = {"weights_gib": 57.1, "kv_cache_gib": 63.2, "kv_cache_tokens": 1035264, "max_concurrency": 31.59}
+    compared = run.plan_against_vllm(memory, phases)
+    assert compared["weights_gib"] == {"plan": 57.0, "vllm": 57.1, "off_percent": -0.2}
+    assert compared["kv_cache_gib"]["off_percent"] == -5.1
+    assert compared["kv_cache_tokens"] == {"plan": 983040, "vllm": 1035264, "off_percent": -5.0}
+    assert compared["max_concurrency"] == {"plan": 30.0, "vllm": 31.59, "off_percent": -5.0}
+    assert run.plan_against_vllm(memory, {})["weights_gib"]["off_percent"] is None
+
+
+def test_importtime_is_summed_by_package_and_its_slowest_top_level_imports():
+    text = "\n".join([
+        "import time: self [us] | cumulative | imported package",
+        "import time:      2000 |       2000 |   torch._C",
+        "import time:    500000 |    9000000 | torch",
+        "import time:       300 |        300 |     vllm.envs",
+        "import time:   1000000 |    4000000 | vllm",
+        "import time:       100 |        100 | json",
+    ])  # fmt: skip
+    summary = run.importtime_summary(text)
+    assert summary["modules"] == 5
+    assert summary["total_own_s"] == 1.5
+    assert list(summary["top_level_cumulative_s"]) == ["torch", "vllm", "json"]
+    assert summary["own_s_by_package"] == {"vllm": 1.0, "torch": 0.5, "json": 0.0}
