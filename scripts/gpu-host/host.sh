@@ -125,7 +125,13 @@ boot_systemd() {
   done
   [[ -n $pid ]] || die "systemd did not start ($(tail -5 "$STATE/systemd.log"))"
   echo "$pid" >"$PIDFILE"
-  state=$(timeout "$BOOT_TIMEOUT" nsenter -t "$pid" -m -p -C -- systemctl is-system-running --wait 2>/dev/null || true)
+  # systemctl answers nothing until systemd's private socket exists, a moment after its start: ask again until then.
+  local deadline=$((SECONDS + BOOT_TIMEOUT))
+  state=""
+  while [[ -z $state ]] && ((SECONDS < deadline)); do
+    state=$(timeout "$((deadline - SECONDS))" nsenter -t "$pid" -m -p -C -- systemctl is-system-running --wait 2>/dev/null || true)
+    [[ -n $state ]] || sleep 0.2
+  done
   case $state in
   running) log "systemd 252 booted as PID $pid (state running)" ;;
   degraded)
