@@ -44,6 +44,8 @@ DEV_ENDPOINTS_GUARD = "llmops_vllm_dev_guard.LoopbackOnlyDevEndpoints"
 # --api-key does not guard /metrics either: in every server, this one answers it to the host itself and to the
 # readers that the vllm_targets role lists (docs/observability.md).
 METRICS_GUARD = "llmops_vllm_dev_guard.MetricsReaders"
+# In every server: a journal line for each request that the server did not finish, which a stop counts.
+CUT_OFF_ACCOUNTING = "llmops_vllm_dev_guard.CutOffRequests"
 
 # Secrets on a command line are visible to every user in `ps`: they go to the EnvironmentFile.
 SECRET_FLAGS = {"--api-key": ("the API key", "vllm_server_api_key, which goes to the EnvironmentFile as VLLM_API_KEY")}
@@ -185,6 +187,7 @@ def build_serve_args(spec):
         "--host", _required_text(spec, "host"),
         "--port", str(port),
         "--middleware", METRICS_GUARD,
+        "--middleware", CUT_OFF_ACCOUNTING,
     ]  # fmt: skip
     args += _layout_args(spec.get("layout") or {})
 
@@ -257,6 +260,9 @@ def build_server_environment(settings):
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "PYTHONUNBUFFERED": "1",
+        # Python's bytecode of every module the server imports, kept where the unit may write: packages installed
+        # without it (a base image's torch had none) are otherwise compiled again by both processes at each start.
+        "PYTHONPYCACHEPREFIX": f"{home}/.cache/python-bytecode",
     }
     if settings.get("device") == "cpu":
         environment["VLLM_CPU_KVCACHE_SPACE"] = str(settings.get("cpu_kvcache_space_gib", 1))

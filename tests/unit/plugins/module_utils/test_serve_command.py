@@ -22,6 +22,9 @@ BASE_ARGS = [
     # In every server: /metrics for the host itself and its listed readers alone (docs/observability.md).
     "--middleware",
     "llmops_vllm_dev_guard.MetricsReaders",
+    # In every server: a journal line for each request it did not finish, which a stop counts.
+    "--middleware",
+    "llmops_vllm_dev_guard.CutOffRequests",
 ]
 
 
@@ -163,6 +166,7 @@ BASE_ENVIRONMENT = {
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
     "PYTHONUNBUFFERED": "1",
+    "PYTHONPYCACHEPREFIX": "/var/lib/vllm/.cache/python-bytecode",
 }
 
 
