@@ -93,7 +93,7 @@ options:
   runtime_overhead_gib:
     description: GiB per GPU besides weights and KV cache (activations, CUDA graphs, NCCL buffers).
     type: float
-    default: 4.0
+    default: 3.0
   model_path:
     description: The C(--model) of the returned serve arguments; defaults to the hub repository or the entry's name.
     type: str
@@ -310,7 +310,7 @@ def main():
             "layout": {"type": "raw", "default": "default"},
             "max_model_len": {"type": "int"},
             "checkpoint_bytes": {"type": "int"},
-            "runtime_overhead_gib": {"type": "float", "default": 4.0},
+            "runtime_overhead_gib": {"type": "float", "default": 3.0},
             "model_path": {"type": "str"},
             "host": {"type": "str", "default": "0.0.0.0"},
             "port": {"type": "int", "default": 8000},

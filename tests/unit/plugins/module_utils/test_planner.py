@@ -278,3 +278,39 @@ def test_a_block_quantised_router_of_8_experts_is_refused_as_vllm_failed_it(gpu_
     unquantised = {**eight, "quantization_config": {**config["quantization_config"], **kept}}
     assert plan(entry, unquantised, h200s(1), "default")["ok"]
     assert plan(entry, config, h200s(1), "default")["ok"]
+
+
+# vLLM 0.26.0's own figures on one H200 under the unit (benchmarks/results/h200-startup.json): the model loading
+# memory, the available KV cache memory and the KV cache's tokens, for the random 1.1B Llama (bf16, eager, 0.4 of
+# the GPU) and for MiniMax-M2.5 cut to 16 layers (FP8, torch.compile and CUDA graphs, 0.9 of the GPU).
+LLAMA_1B = {
+    "architectures": ["LlamaForCausalLM"], "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 16,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000, "max_position_embeddings": 4096,
+}  # fmt: skip
+MEASURED = {
+    "llama_1b": {"weights_gib": 2.06, "kv_cache_gib": 53.14, "kv_cache_tokens": 1741168},
+    "seed": {"weights_gib": 57.06, "kv_cache_gib": 66.62, "kv_cache_tokens": 1091504},
+}
+
+
+@pytest.mark.parametrize("model", ["llama_1b", "seed"])
+def test_the_memory_plan_is_within_5_percent_of_what_vllm_reported_on_an_h200_and_never_above_it(
+    model, entry, config, h200s
+):
+    if model == "llama_1b":
+        planned = entry("tiny", max_model_len=4096, gpu_memory_utilization=0.4)
+        shape, weights = LLAMA_1B, 2208453080  # the safetensors' size on the host
+    else:
+        planned = entry("minimax_m25", max_model_len=32768, max_num_seqs=256, extra_args=[])
+        shape = {**config("MiniMax-M2.5"), "num_hidden_layers": 16}
+        weights = 61185030144  # benchmarks/gpu_host/make_seed_model.py's bytes of the 16 layers
+    memory = plan(planned, shape, h200s(1), {"tensor_parallel_size": 1}, checkpoint_bytes=weights)["memory"]
+    measured = MEASURED[model]
+    for planned_value, reported in [
+        (memory["weights_bytes"] / GIB, measured["weights_gib"]),
+        (memory["kv_cache_bytes"] / GIB, measured["kv_cache_gib"]),
+        (memory["kv_cache_tokens"], measured["kv_cache_tokens"]),
+    ]:
+        assert abs(planned_value - reported) / reported <= 0.05, (planned_value, reported)
+    # The plan may promise less KV cache than vLLM gives, never more: a layout it passes must start.
+    assert memory["kv_cache_bytes"] / GIB <= measured["kv_cache_gib"]
