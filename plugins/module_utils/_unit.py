@@ -279,6 +279,12 @@ def journal_messages(json_lines: str) -> list[str]:
 
     Sorted by their time: systemd 252 prints `--grep` with `--lines` newest first, even with `--reverse`.
     """
+    return [message for _time, message in journal_entries(json_lines)]
+
+
+def journal_entries(json_lines: str) -> list[tuple[int, str]]:
+    """(microseconds since the epoch at which journald received it, message) of each `journalctl --output json`
+    entry, oldest first."""
     entries = []
     for line in json_lines.splitlines():
         try:
@@ -290,7 +296,7 @@ def journal_messages(json_lines: str) -> list[str]:
             message = bytes(message).decode("utf-8", "replace")
         if isinstance(message, str):
             entries.append((int(entry.get("__REALTIME_TIMESTAMP") or 0), message))
-    return [message for _time, message in sorted(entries, key=lambda entry: entry[0])]
+    return sorted(entries, key=lambda entry: entry[0])
 
 
 class Unit:
@@ -338,6 +344,15 @@ class Unit:
         command = ["journalctl", *matches, "--lines", str(lines), "--no-pager", "--output", "cat"]
         rc, out, _err = self._run(command)
         return out.splitlines() if rc == 0 else []
+
+    def journal_since(self, invocation_id: str, since: float) -> list[str] | None:
+        """The messages of one run of the unit that journald received at `since` (seconds since the epoch) or
+        later, oldest first; None when the journal cannot be read."""
+        command = ["journalctl", f"_SYSTEMD_INVOCATION_ID={invocation_id}", "--since", f"@{int(since)}"]
+        rc, out, _err = self._run([*command, "--no-pager", "--output", "json", "--output-fields", "MESSAGE"])
+        if rc != 0:
+            return None
+        return [message for received, message in journal_entries(out) if received >= since * 1_000_000]
 
     def last_engine_death(self, stopped: bool, lines: int = 60) -> str | None:
         """last_engine_death() over the unit's journal: only the lines that tell runs and engine deaths apart."""

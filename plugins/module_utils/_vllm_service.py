@@ -9,6 +9,7 @@ and each returns what it observed with its duration, so a play shows where the t
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 import urllib.parse
@@ -22,6 +23,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._processes import (
     still_running,
     terminate,
 )
+from ansible_collections.llmops.vllm.plugins.module_utils._serve_command import CUT_OFF_ACCOUNTING
 from ansible_collections.llmops.vllm.plugins.module_utils._unit import (
     Unit,
     UnitState,
@@ -39,6 +41,12 @@ from ansible_collections.llmops.vllm.plugins.module_utils._vllm_api import (
     served_models,
 )
 from ansible_collections.llmops.vllm.plugins.module_utils._wait import WaitAborted, wait_for
+
+# The start of the journal line that CUT_OFF_ACCOUNTING, a middleware of every server the collection deploys
+# (roles/vllm_install/files/llmops_vllm_dev_guard.py), writes for each request that the server did not finish,
+# and the end of that line: when the request began, in seconds since the epoch.
+CUT_OFF_MARK = "llmops.vllm: request cut off:"
+CUT_OFF_STARTED = re.compile(r" started (\d+(?:\.\d+)?)$")
 
 # Seconds between polls of a stopping unit: stops take seconds, and each poll is one systemctl call.
 STOP_POLL_INTERVAL = 0.2
@@ -88,6 +96,16 @@ def server_drain_timeout(state: UnitState) -> float:
         return max(0.0, float(value)) if value is not None else 0.0
     except ValueError:
         return 0.0
+
+
+def cut_off_starts(lines: list[str]) -> list[float]:
+    """When each request that CUT_OFF_ACCOUNTING wrote as cut off began (seconds since the epoch)."""
+    starts = []
+    for line in lines:
+        started = CUT_OFF_STARTED.search(line) if line.startswith(CUT_OFF_MARK) else None
+        if started:
+            starts.append(float(started.group(1)))
+    return starts
 
 
 class Lifecycle:
@@ -187,12 +205,13 @@ class Lifecycle:
         """Drain, SIGTERM through systemd, SIGKILL the cgroup past stop_timeout, then look for orphans."""
         settings = self.settings
         started = time.monotonic()
-        report = {"in_flight": None, "drain": None, "aborted_requests": 0, "terminate": None, "escalated": False}
-        report.update(killed=[], api_server_hang=None)
+        report = {"in_flight": None, "drain": None, "aborted_requests": 0, "aborted_requests_bound": "exact"}
+        report.update(refused_requests=0, terminate=None, escalated=False, killed=[], api_server_hang=None)
         if not before.stopped:
             serving = before.active_state == "active"
             report["in_flight"] = requests_in_engine(settings.url) if serving else None
             engine = self._engine_processes(before)
+            stop_asked = time.time()
             self.unit.stop()
             sigterm_at = time.monotonic()
             if serving:
@@ -205,10 +224,53 @@ class Lifecycle:
                 report["escalated"] = True
                 report["api_server_hang"] = hang
                 report["killed"] = self._kill_cgroup(before)
+            self._count_cut_off(report, before, stop_asked)
         report["orphans"] = self._orphans(before)
         report["cgroup_empty"] = not self.unit.pids(before)
         report["elapsed"] = round(time.monotonic() - started, 3)
         return report
+
+    def _count_cut_off(self, report: dict, before: UnitState, stop_asked: float):
+        """The requests the stop aborted, from the server's own account of each request it did not finish.
+
+        A unit that runs the collection's CutOffRequests middleware writes one journal line for each; a stop
+        counts those of its run that began before SIGTERM, plus the connections of an API server it had to kill
+        (their requests never ended, so nothing wrote them). Those that began later were refused, not aborted.
+        Without the middleware the count read before SIGTERM stands, an estimate: requests start and finish
+        between that read and the stop, and vLLM's gauges lag. A SIGKILL past stop_timeout ends requests that
+        write nothing either: their number is not known.
+        """
+        if CUT_OFF_ACCOUNTING not in exec_start_argv(before.exec_start):
+            report["aborted_requests_bound"] = "estimate"
+            return
+        read = self._quiet_journal(before, stop_asked)
+        if read.observed is None:
+            report["aborted_requests_bound"] = "estimate"
+            return
+        hang = report["api_server_hang"]
+        begun = cut_off_starts(read.observed)
+        report["aborted_requests"] = sum(start < stop_asked for start in begun) + (hang["connections"] if hang else 0)
+        report["refused_requests"] = sum(start >= stop_asked for start in begun)
+        killed_unseen = report["escalated"] and not hang
+        report["aborted_requests_bound"] = "at least" if killed_unseen or not read.ok else "exact"
+        if report["drain"]:
+            report["drain"]["remaining"] = report["aborted_requests"]
+
+    def _quiet_journal(self, before: UnitState, since: float):
+        """The run's journal lines since `since` (a wait_for result), once journald has caught up with what its
+        processes wrote: they are gone, so two reads a poll apart that agree hold every line. `observed` is None
+        when the journal cannot be read; `ok` is false when it did not settle within JOURNAL_CATCH_UP."""
+        seen = {"lines": None}
+
+        def check():
+            lines = self.unit.journal_since(before.invocation_id, since)
+            if lines is None:
+                raise WaitAborted("the journal cannot be read")
+            caught_up = lines == seen["lines"]
+            seen["lines"] = lines
+            return caught_up, lines
+
+        return wait_for(check, JOURNAL_CATCH_UP, STOP_POLL_INTERVAL)
 
     def _engine_processes(self, state: UnitState) -> list:
         """The engine core and workers of a running unit, read before it is asked to stop."""
@@ -216,7 +278,8 @@ class Lifecycle:
         return [process for process in found if process and is_engine(process)]
 
     def _drain_in_flight(self, report: dict, before: UnitState):
-        """Watch report's `in_flight` requests drain, up to the drain timeout; what is left counts as aborted.
+        """Watch report's `in_flight` requests drain, up to the drain timeout; what is left counts as aborted (an
+        estimate, which a stop replaces by the server's own account).
 
         An unreadable count (None: a busy server) may hide requests: the drain is watched all the same.
         """

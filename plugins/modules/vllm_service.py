@@ -210,13 +210,30 @@ stop:
   type: dict
   contains:
     in_flight:
-      description: Requests running or waiting in the engine when the stop began; null when unreadable.
+      description:
+        - Requests running or waiting in the engine just before SIGTERM, from vLLM's gauges; null when
+          unreadable. A reading of an instant: the gauges lag, and requests start and finish meanwhile.
       type: int
     drain:
-      description: The drain's C(timeout), the requests C(remaining) when it ended, and how long it took.
+      description: The drain's C(timeout), the requests C(remaining) when it ended (as C(aborted_requests)), and
+        how long it took.
       type: dict
     aborted_requests:
-      description: Requests that were running or waiting when the server stopped serving them.
+      description:
+        - Requests that the stop cut off. A server deployed by the collection writes a journal line for each
+          request it did not finish (the C(llmops_vllm_dev_guard.CutOffRequests) middleware); the module counts
+          those of the stopped run since SIGTERM, and adds the connections of an API server it had to kill.
+        - A unit without that middleware gets the count read before SIGTERM, an estimate.
+      type: int
+    aborted_requests_bound:
+      description:
+        - C(exact), the server's own account; C(at least) when SIGKILL past O(stop_timeout) ended requests
+          that nothing could count, or the journal did not settle; C(estimate) without the server's account.
+      type: str
+      choices: [exact, at least, estimate]
+    refused_requests:
+      description: Requests that reached the server after SIGTERM and got no answer from it (by the server's own
+        account, as C(aborted_requests)); 0 without that account.
       type: int
     terminate:
       description: Whether the unit stopped after SIGTERM (C(stopped)), in how long, and its final state.
@@ -253,6 +270,8 @@ stop:
     in_flight: 3
     drain: {"timeout": 10, "remaining": 0, "elapsed": 1.6}
     aborted_requests: 0
+    aborted_requests_bound: exact
+    refused_requests: 0
     terminate: {"stopped": true, "elapsed": 7.9, "active_state": "inactive", "sub_state": "dead", "result": "success"}
     escalated: false
     api_server_hang: null
@@ -417,6 +436,16 @@ def elapsed(since: float) -> float:
     return round(time.monotonic() - since, 3)
 
 
+# How a stop's count of aborted requests reads, by how it was known (see RETURN: aborted_requests_bound).
+ABORTED_WORDING = {
+    "exact": "{count} requests aborted",
+    "at least": "at least {count} requests aborted (others may have ended unseen: SIGKILL, or a journal that did "
+    "not settle)",
+    "estimate": "about {count} requests aborted (read before the stop: the unit does not run the collection's "
+    "llmops_vllm_dev_guard.CutOffRequests middleware, which counts them)",
+}
+
+
 def stop_summary(stop: dict) -> str:
     hang = stop["api_server_hang"]
     if hang:
@@ -427,8 +456,10 @@ def stop_summary(stop: dict) -> str:
     if stop["drain"]:
         in_flight = "an unknown number of" if stop["in_flight"] is None else stop["in_flight"]
         parts.append(f"drained {in_flight} requests in flight for {stop['drain']['elapsed']:g} s")
-    if stop["aborted_requests"]:
-        parts.append(f"{stop['aborted_requests']} requests aborted")
+    if stop["aborted_requests"] or stop["aborted_requests_bound"] == "at least":
+        parts.append(ABORTED_WORDING[stop["aborted_requests_bound"]].format(count=stop["aborted_requests"]))
+    if stop["refused_requests"]:
+        parts.append(f"{stop['refused_requests']} requests that came after SIGTERM refused")
     orphans = stop["orphans"]
     if orphans["found"]:
         ended = len(orphans["terminated"]) + len(orphans["killed"])

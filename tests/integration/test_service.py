@@ -22,6 +22,9 @@ CLIENT = Path(__file__).with_name("stream_clients.py")
 STREAM_TOKENS = 500
 # Streams kept going at once.
 STREAMS = 3
+# Streams of requests so short that each stream spends a good part of its time between two of them.
+SHORT_STREAMS = 8
+SHORT_TOKENS = 24
 # Seconds that one process the module runs on the host (systemctl show, journalctl) may take on a busy 2-core
 # host, with its reads of /proc and the cgroup. Measured in the test host beside four CPU-bound processes on the
 # machine's 2 cores (load 3): systemctl show 0.007 s median, 0.017 s at most (idle: 0.005 and 0.011 s). 1 s
@@ -53,10 +56,10 @@ def copy_stream_clients(host):
     host.sh(f"cat > /tmp/stream_clients.py <<'EOF'\n{CLIENT.read_text()}\nEOF")
 
 
-def start_streams(host, count, output):
-    """Start `count` streams on the host; return once each has received its first chunk."""
+def start_streams(host, count, output, tokens=STREAM_TOKENS):
+    """Start `count` streams of requests of `tokens` tokens on the host; return once each has received a chunk."""
     copy_stream_clients(host)
-    command = f"python3 /tmp/stream_clients.py {host.endpoint} tiny {host.api_key} {count} {STREAM_TOKENS} {output}"
+    command = f"python3 /tmp/stream_clients.py {host.endpoint} tiny {host.api_key} {count} {tokens} {output}"
     host.sh(f"rm -f {output} {output}.streaming")
     host.spawn(command)
     host.sh(f"for _ in $(seq 600); do test -e {output}.streaming && exit; sleep 0.1; done; exit 1", timeout=90)
@@ -173,7 +176,7 @@ def test_drained_stop_lets_in_flight_requests_complete(serving):
     stop = succeeded(service(serving, "stopped"))["stop"]  # the server's own --shutdown-timeout 10
     print(f"drained stop: {stop['in_flight']} in flight, drain {stop['drain']}, stop {stop['elapsed']} s")
     assert stop["in_flight"] >= 1 and stop["drain"]["remaining"] == 0
-    assert stop["aborted_requests"] == 0 and not stop["escalated"]
+    assert (stop["aborted_requests"], stop["aborted_requests_bound"], stop["escalated"]) == (0, "exact", False)
     records = stream_records(serving, "/tmp/drained.json")
     # Every request the server had begun to answer completed; the later ones were refused, not cut.
     answered = [record for record in records if record["chunks"]]
@@ -328,16 +331,21 @@ def careless_unit(careless_drop_in):
     return careless_drop_in
 
 
-def test_without_drain_in_flight_requests_are_aborted_and_reported(careless_unit):
-    start_streams(careless_unit, STREAMS, "/tmp/aborted.json")
+def test_without_drain_every_request_cut_off_is_counted(careless_unit):
+    """Short requests one after another on each stream, so that whenever the stop begins some have only just
+    reached the server: in the API server still, or in the engine but not yet in its gauges. None is missed."""
+    start_streams(careless_unit, SHORT_STREAMS, "/tmp/aborted.json", SHORT_TOKENS)
     result = succeeded(service(careless_unit, "stopped"))
     records = stream_records(careless_unit, "/tmp/aborted.json")
+    stop = result["stop"]
     # Begun but not finished: vLLM closes some such streams with an error event and [DONE], others not at all.
-    cut_off = [record for record in records if record["chunks"] and record["tokens"] != STREAM_TOKENS]
-    print(f"stop without drain: {result['stop']['aborted_requests']} aborted, {len(cut_off)} streams cut off")
-    assert result["stop"]["drain"] is None, result["stop"]
-    assert result["stop"]["aborted_requests"] >= len(cut_off) >= 1, (result["stop"], records[-STREAMS:])
-    assert f"{result['stop']['aborted_requests']} requests aborted" in result["msg"]
+    cut_off = [record for record in records if record["chunks"] and record["tokens"] != SHORT_TOKENS]
+    unfinished = [record for record in records if record["status"] == 200 and record["tokens"] != SHORT_TOKENS]
+    counts = f"{stop['aborted_requests']} aborted, {len(cut_off)} cut off, {len(unfinished)} unfinished"
+    print(f"stop without drain: {counts}")
+    assert stop["drain"] is None and stop["aborted_requests_bound"] == "exact", stop
+    assert len(unfinished) >= stop["aborted_requests"] >= len(cut_off) >= 1, (stop, len(unfinished), len(cut_off))
+    assert f"{stop['aborted_requests']} requests aborted" in result["msg"]
     # A stream vLLM closes with its usage chunk says why: its requests were aborted, not finished.
     assert all(record["tokens"] is None or record["finish_reason"] == "abort" for record in cut_off), cut_off
 

@@ -1,6 +1,7 @@
 # Copyright: llmops.vllm contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""ASGI middlewares that the llmops.vllm collection adds to vLLM servers: what other hosts may reach.
+"""ASGI middlewares that the llmops.vllm collection adds to vLLM servers: what other hosts may reach, and which
+requests a server did not finish.
 
 LoopbackOnlyDevEndpoints, for a server with VLLM_SERVER_DEV_MODE=1: other hosts reach the API, nothing else.
 Sleep mode's HTTP controls exist only in vLLM's development mode, which also opens /collective_rpc (any method
@@ -15,6 +16,10 @@ and --api-key does not guard it either. It answers the host itself and the addre
 /etc/vllm/metrics-readers (one per line; the vllm_targets role writes the monitoring hosts there), read again
 whenever the file changes, and 403 to any other client.
 
+CutOffRequests, in every server: one line on standard error (the unit's journal) for each API request whose answer
+the server did not finish, so that a stop can tell how many requests it cut off from what the server itself saw
+rather than from a count read at an instant before it (vLLM's gauges lag, and requests start and end meanwhile).
+
 uvicorn takes the client address from X-Forwarded-For only when the request comes from 127.0.0.1 (its
 forwarded_allow_ips default), so a proxy on the host that sets that header keeps its clients remote here; a
 proxy that does not set it makes every client look local, and must refuse these paths itself.
@@ -25,6 +30,9 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
+import sys
+import time
 
 # What a client on another host may reach: the API (vLLM's --api-key guards the prefixes), the health and
 # metrics probes, and the tokenizer and pooling endpoints that vLLM serves without development mode.
@@ -56,6 +64,15 @@ METRICS_REFUSAL = json.dumps(
         " (llmops.vllm: llmops_vllm_dev_guard)"
     }
 ).encode("utf-8")
+
+
+# The start of the line CutOffRequests writes: llmops.vllm's vllm_service counts these lines in the journal.
+CUT_OFF_MARK = "llmops.vllm: request cut off:"
+# Answers whose last word is a finish reason: a completion or chat completion, streamed or not.
+FINISHING_PATHS = ("/v1/completions", "/v1/chat/completions")
+FINISH_REASON = re.compile(rb'"finish_reason":\s*"([a-z_]+)"')
+# vLLM's finish reasons for an answer it did not finish.
+NOT_FINISHED = (b"abort", b"error")
 
 
 def _address(host):
@@ -173,3 +190,66 @@ class MetricsReaders:
         ):
             return await self.app(scope, receive, send)
         return await _forbid(scope, send, METRICS_REFUSAL)
+
+
+class Answer:
+    """What one request's answer has shown so far: status, body messages, the last finish reason, its end."""
+
+    def __init__(self, finishing: bool):
+        self.finishing = finishing
+        self.status = None
+        self.messages = 0
+        self.finish_reason = None
+        self.ended = False
+
+    def saw(self, message):
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        elif message["type"] == "http.response.body":
+            self.messages += 1
+            body = message.get("body") or b""
+            for found in FINISH_REASON.finditer(body):
+                self.finish_reason = found.group(1)
+            self.ended = not message.get("more_body", False)
+
+    def finished(self) -> bool:
+        """Whether the server finished the answer: the whole body sent, no server error, and for a completion a
+        last finish reason that is not vLLM's abort or error (a stream cut off ends with neither, or with abort)."""
+        if not self.ended or self.status is None or self.status >= 500:
+            return False
+        if self.status != 200 or not self.finishing:
+            return True
+        return self.finish_reason is not None and self.finish_reason not in NOT_FINISHED
+
+
+class CutOffRequests:
+    """Write CUT_OFF_MARK, the request and when it began (seconds since the epoch) for each API request (POST under
+    an API prefix) whose answer the server did not finish: ended early, failed with a server error, or a completion
+    ended without a finish reason or with abort. Client errors (4xx) are answers; a client that goes away before
+    its answer counts as cut off too. A stopping server that refuses new requests answers them this way as well:
+    their start, after the stop began, tells them apart."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        path = _path(scope)
+        if scope["type"] != "http" or scope.get("method") != "POST" or not path.startswith(API_PREFIXES):
+            return await self.app(scope, receive, send)
+        answer = Answer(path.rstrip("/") in FINISHING_PATHS)
+        started = time.time()
+
+        async def watched_send(message):
+            answer.saw(message)
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched_send)
+        finally:
+            if not answer.finished():
+                reason = answer.finish_reason.decode() if answer.finish_reason else "none"
+                sys.stderr.write(
+                    f"{CUT_OFF_MARK} POST {path} (status {answer.status}, {answer.messages} body messages, "
+                    f"finish reason {reason}) started {started:.3f}\n"
+                )
+                sys.stderr.flush()

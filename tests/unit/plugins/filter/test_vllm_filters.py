@@ -16,7 +16,10 @@ def test_serve_args_and_exec_line_compose():
     line = FILTERS["systemd_exec_line"](
         ["/opt/vllm/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", *args]
     )
-    assert line.endswith("--port 8000 --middleware llmops_vllm_dev_guard.MetricsReaders --tensor-parallel-size 1")
+    assert line.endswith(
+        "--port 8000 --middleware llmops_vllm_dev_guard.MetricsReaders"
+        " --middleware llmops_vllm_dev_guard.CutOffRequests --tensor-parallel-size 1"
+    )
 
 
 @pytest.mark.parametrize(

@@ -175,7 +175,9 @@ def unit_in(monkeypatch):
             acts.append("stop")
             ended = [ORPHAN_PID] if orphan and self.settings.kill_orphans else []
             orphans = {"found": [Orphan().as_dict()] if orphan else [], "terminated": ended, "killed": []}
-            report = {"in_flight": 0, "drain": None, "aborted_requests": 0, "escalated": False}
+            report = {"in_flight": 0, "drain": None, "aborted_requests": 0, "aborted_requests_bound": "exact"}
+            report["refused_requests"] = 0
+            report["escalated"] = False
             return {**report, "api_server_hang": None, "orphans": orphans, "elapsed": 1.0}
 
         def act(step, report):

@@ -1,0 +1,99 @@
+"""The middleware that writes a journal line for each request a server did not finish
+(roles/vllm_install/files/llmops_vllm_dev_guard.py, CutOffRequests in every server), driven as uvicorn drives an
+ASGI app. The real vLLM behind it, stopped with streams in flight, is in tests/integration/test_service.py.
+"""
+
+import asyncio
+import contextlib
+import json
+import time
+
+import pytest
+
+from ansible_collections.llmops.vllm.plugins.module_utils._serve_command import CUT_OFF_ACCOUNTING
+from ansible_collections.llmops.vllm.plugins.module_utils._vllm_service import CUT_OFF_MARK, cut_off_starts
+
+
+def chunk(finish_reason=None, text="x"):
+    event = {"choices": [{"text": text, "finish_reason": finish_reason}]}
+    return f"data: {json.dumps(event, separators=(',', ':'))}\n\n"
+
+
+def stream(*events, status=200, ends=True):
+    """An app that answers with `events` as body messages (the last one closing the body when `ends`)."""
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": status, "headers": []})
+        for position, event in enumerate(events):
+            last = ends and position == len(events) - 1
+            await send({"type": "http.response.body", "body": event.encode(), "more_body": not last})
+
+    return app
+
+
+@pytest.fixture
+def lines_written(guard, capsys):
+    def lines_written(app, path="/v1/completions", method="POST"):
+        """The cut-off lines the middleware writes for one request to `app`."""
+        scope = {"type": "http", "method": method, "path": path, "root_path": "", "client": ("10.0.0.7", 1)}
+
+        async def send(_message):
+            pass
+
+        async def receive():
+            return {"type": "http.request"}
+
+        with contextlib.suppress(RuntimeError):  # an app that fails: the line is written all the same
+            asyncio.run(guard.CutOffRequests(app)(scope, receive, send))
+        return [line for line in capsys.readouterr().err.splitlines() if line.startswith(CUT_OFF_MARK)]
+
+    return lines_written
+
+
+@pytest.mark.parametrize("reason", ["length", "stop", "tool_calls"])
+def test_a_finished_stream_writes_nothing(lines_written, reason):
+    assert lines_written(stream(chunk(), chunk(reason), 'data: {"usage":{}}\n\n', "data: [DONE]\n\n")) == []
+
+
+def test_a_stream_ended_without_a_finish_reason_is_cut_off(lines_written):
+    # vLLM closes some streams whose engine died with [DONE] alone, or an error event.
+    before = time.time()
+    lines = lines_written(stream(chunk(), chunk(), 'data: {"error":{"message":"engine dead"}}\n\n', "data: [DONE]\n\n"))
+    assert lines[0].startswith(f"{CUT_OFF_MARK} POST /v1/completions (status 200, 4 body messages, finish reason none)")
+    assert before <= cut_off_starts(lines)[0] <= time.time()
+
+
+def test_a_stream_finished_with_abort_is_cut_off(lines_written):
+    assert "finish reason abort" in lines_written(stream(chunk(), chunk("abort")), "/v1/chat/completions")[0]
+
+
+def test_a_stream_whose_body_never_ends_is_cut_off(lines_written):
+    assert len(lines_written(stream(chunk(), chunk("length"), ends=False))) == 1
+
+
+def test_an_app_that_fails_mid_answer_is_cut_off(lines_written):
+    async def failing(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        raise RuntimeError("the engine died")
+
+    assert "(status 200, 0 body messages" in lines_written(failing)[0]
+
+
+def test_server_errors_are_cut_off_and_client_errors_are_answers(lines_written):
+    assert len(lines_written(stream('{"error":"EngineDeadError"}', status=500))) == 1
+    assert lines_written(stream('{"error":"max_tokens too large"}', status=400)) == []
+
+
+def test_other_api_answers_count_by_their_end_alone(lines_written):
+    assert lines_written(stream('{"data":[{"embedding":[0.1]}]}'), "/v1/embeddings") == []
+    assert len(lines_written(stream('{"data":', ends=False), "/v1/embeddings")) == 1
+
+
+@pytest.mark.parametrize(("method", "path"), [("GET", "/v1/models"), ("POST", "/sleep"), ("GET", "/metrics")])
+def test_reads_and_control_paths_are_not_watched(lines_written, method, path):
+    assert lines_written(stream(chunk(), ends=False), path, method) == []
+
+
+def test_the_module_and_the_server_agree_on_the_names(guard):
+    assert guard.CUT_OFF_MARK == CUT_OFF_MARK
+    assert f"{guard.__name__}.{guard.CutOffRequests.__name__}" == CUT_OFF_ACCOUNTING
