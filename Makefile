@@ -86,7 +86,7 @@ $(PROMTOOL):
 
 .PHONY: unit
 unit: venv ## pytest unit tests, promtool's tests of the alert rules among them
-	pytest tests/unit
+	pytest tests/unit --junitxml=.build/junit-unit.xml
 
 .PHONY: molecule
 molecule: venv wheelhouse ## deploy.yml on a fresh host: check mode, converge, idempotence, verify
@@ -102,14 +102,15 @@ emulator:
 .PHONY: integration
 integration: venv wheelhouse emulator ## The modules and playbooks against a real local host serving tiny (tests/integration)
 	scripts/local-host.sh image
-	pytest tests/integration --durations=12
+	pytest tests/integration --durations=12 --junitxml=.build/junit-integration.xml
 
 .PHONY: cpu
 cpu: ## Print this machine's CPU and the ISA level that vLLM's CPU build sees (AVX2, AVX-512, AMX)
 	@python3 scripts/cpu-isa.py
 
 .PHONY: test
-test: cpu lint sanity unit molecule integration ## Everything CI runs
+test: ## Everything CI runs, in order, then the time each part took and the slowest tests
+	scripts/test-suite.sh cpu lint sanity unit molecule integration
 
 .PHONY: clean
 clean: ## Remove the local host, the venv and build files (the wheelhouse and image stay cached)
