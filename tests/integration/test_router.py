@@ -43,6 +43,8 @@ UNIT = "vllm-router.service"
 # Seconds each client thread waits between two requests (a request takes about 0.15 s here): the load goes on,
 # and the engine that serves it leaves a core to the host that starts a new one.
 LOAD_PAUSE = 0.5
+# Seconds the router's counts may take to hold a request that the client has seen answered.
+METRICS_CATCH_UP = 10
 
 
 @dataclass
@@ -77,6 +79,16 @@ class Routed:
     def worker_urls(self) -> list[str]:
         """Both hosts' workers, in the order the modules give them (by URL)."""
         return sorted(map(self.worker_url, self.fleet.hosts))
+
+    def metrics_after(self, load: StreamingLoad, before: dict) -> dict:
+        """The router's counts once they hold every request the client saw answered (the router counts a request
+        as its answer ends, which may be after the client has read it), or as they are after METRICS_CATCH_UP s."""
+        deadline = time.monotonic() + METRICS_CATCH_UP
+        while True:
+            after = self.metrics()
+            if after["requests"] - before["requests"] >= load.counts()["succeeded"] or time.monotonic() > deadline:
+                return after
+            time.sleep(0.2)
 
     def metrics(self) -> dict:
         """The router's own counts for /v1/completions, and each worker's processed requests."""
@@ -215,7 +227,7 @@ def test_a_rollout_of_both_hosts_behind_the_router_loses_no_request(routed):
         load.wait_for_successes(6, timeout=120)
         proc = routed.playbook("playbooks/rollout.yml", "-e", "model=tiny_v2", "-e", CATALOG)
         load.wait_for_successes(6, timeout=120)
-    after = routed.metrics()
+    after = routed.metrics_after(load, before)
     report("rollout of both hosts", load, time.monotonic() - started, before, after)
     assert proc.returncode == 0, f"rollout.yml failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
     for host in routed.fleet.hosts:
@@ -279,7 +291,7 @@ def test_stop_yml_of_one_host_behind_the_router_loses_no_request(routed):
         load.wait_for_successes(6, timeout=120)
         proc = routed.playbook("playbooks/stop.yml", "-e", "instance=tiny_v2", "--limit", second.name)
         load.wait_for_successes(6, timeout=120)
-    after = routed.metrics()
+    after = routed.metrics_after(load, before)
     report("stop.yml of the second host", load, time.monotonic() - started, before, after)
     assert proc.returncode == 0, f"stop.yml failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
     assert_nothing_lost(load, before, after)

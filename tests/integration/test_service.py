@@ -175,7 +175,9 @@ def test_drained_stop_lets_in_flight_requests_complete(serving):
     start_streams(serving, STREAMS, "/tmp/drained.json")
     stop = succeeded(service(serving, "stopped"))["stop"]  # the server's own --shutdown-timeout 10
     print(f"drained stop: {stop['in_flight']} in flight, drain {stop['drain']}, stop {stop['elapsed']} s")
-    assert stop["in_flight"] >= 1 and stop["drain"]["remaining"] == 0
+    # The module watches the drain when vLLM's gauges showed requests just before SIGTERM; vLLM drains them
+    # whatever a reading of an instant showed, and the count below is the server's own.
+    assert stop["drain"] is None or stop["drain"]["remaining"] == 0, stop
     assert (stop["aborted_requests"], stop["aborted_requests_bound"], stop["escalated"]) == (0, "exact", False)
     records = stream_records(serving, "/tmp/drained.json")
     # Every request the server had begun to answer completed; the later ones were refused, not cut.
@@ -265,8 +267,13 @@ def test_an_api_server_that_outlives_its_engine_is_ended_at_once(serving):
     stop = result["stop"]
     hang = stop["api_server_hang"]
     print(f"API server outliving its engine: stop {stop['elapsed']} s, {hang}, msg {result['msg']!r}")
-    journal = serving.sh(f"journalctl -u {UNIT} -n 200 -o cat --no-pager").stdout
-    assert WAITING_FOR_CONNECTIONS in journal  # vLLM did wait for the connection
+    # vLLM did wait for the connection: the line is in the journal, or arrives there (journald reads a service's
+    # output as it can).
+    journal = f"journalctl -u {UNIT} -n 200 -o cat --no-pager"
+    serving.sh(
+        f"for _ in $(seq 50); do {journal} | grep -qF {shlex.quote(WAITING_FOR_CONNECTIONS)} && exit; sleep 0.2; done"
+        "; exit 1"
+    )
     assert hang["connections"] >= 1 and stop["escalated"] and stop["cgroup_empty"]
     assert hang["killed_after"] - hang["engine_exited"] < 2.0, hang
     assert stop["terminate"]["elapsed"] < 30, stop["terminate"]
