@@ -849,7 +849,11 @@ def step_probe(results: Results, host: GpuHost, args):
         iter(Path(bytecode.get("torch", {}).get("root", "/nonexistent"), "lib").glob("libtorch_cuda.so")), None
     )
     if library:
-        reads = [timed("cat", str(library))[1] for _attempt in (1, 2)]
+        reads = []
+        for _attempt in (1, 2):
+            started = time.monotonic()
+            subprocess.run(["cat", str(library)], stdout=subprocess.DEVNULL, check=False)
+            reads.append(round(time.monotonic() - started, 2))
         results.add("probe", "read_libtorch_cuda", {"bytes": library.stat().st_size, "seconds": reads})
     if shutil.which("nvidia-smi"):
         completed, _seconds = timed(
