@@ -1,13 +1,12 @@
-#!/usr/bin/env python3
 """Print the time split of a `make test` run: each part's seconds, then the slowest tests of pytest's JUnit files.
 
-usage: scripts/test-times.py TIMES [JUNIT_XML...]   TIMES: lines of `PART SECONDS`, in the order they ran.
+usage: python3 scripts/test-times.py TIMES [JUNIT_XML...]   TIMES: lines of `PART SECONDS`, in the order they ran.
 A test's time is pytest's whole duration of it: set-up (the fixtures it is the first to need), call, tear-down.
 """
 
 import sys
-import xml.etree.ElementTree as ElementTree
 from pathlib import Path
+from xml.etree import ElementTree
 
 SLOWEST = 10
 

@@ -830,9 +830,12 @@ def step_probe(results: Results, host: GpuHost, args):
     for attempt in (1, 2):
         completed, seconds = timed(python, "-c", PROBE_IMPORTS)
         last = completed.stdout.strip().splitlines()[-1:] or ["{}"]
-        results.add("probe", f"imports_{attempt}", {"seconds": seconds, "rc": completed.returncode,
-                                                      **json.loads(last[0] if last[0].startswith("{") else "{}"),
-                                                      "stderr": completed.stderr.strip()[-300:]})  # fmt: skip
+        phases = json.loads(last[0] if last[0].startswith("{") else "{}")
+        results.add(
+            "probe",
+            f"imports_{attempt}",
+            {"seconds": seconds, "rc": completed.returncode, **phases, "stderr": completed.stderr.strip()[-300:]},
+        )
     completed, seconds = timed(python, "-X", "importtime", "-c", "import vllm.entrypoints.openai.api_server")
     (host.logs / "importtime.txt").write_text(completed.stderr)
     results.add("probe", "importtime", {"seconds": seconds, **importtime_summary(completed.stderr)})

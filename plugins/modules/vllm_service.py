@@ -212,7 +212,7 @@ stop:
     in_flight:
       description:
         - Requests running or waiting in the engine just before SIGTERM, from vLLM's gauges; null when
-          unreadable. A reading of an instant: the gauges lag, and requests start and finish meanwhile.
+          unreadable. A reading of an instant; the gauges lag, and requests start and finish meanwhile.
       type: int
     drain:
       description: The drain's C(timeout), the requests C(remaining) when it ended (as C(aborted_requests)), and
