@@ -67,10 +67,12 @@ class SessionUnit:
         self.leader = None  # the main process as /proc showed it at the start (its PID is the session's ID)
         self.starts = 0
         self.sigterm_at = None  # time.monotonic() of the last stop's SIGTERM
+        self.run_starts_at = 0  # the first line of the current run in the log
 
     # ---- what Lifecycle asks of a unit ----------------------------------------------------------------------
 
     def start(self):
+        self.run_starts_at = len(self.log_lines())
         with open(self.log_path, "ab") as log:
             self.popen = subprocess.Popen(  # pylint: disable=consider-using-with
                 self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -126,6 +128,10 @@ class SessionUnit:
 
     def journal(self, invocation_id: str, lines: int) -> list[str]:  # pylint: disable=unused-argument
         return self.log_lines()[-lines:]
+
+    def journal_since(self, invocation_id: str, since: float) -> list[str]:  # pylint: disable=unused-argument
+        """The output of the current run: a log file has no time for each line."""
+        return self.log_lines()[self.run_starts_at :]
 
     def last_engine_death(self, stopped: bool) -> str | None:
         return engine_death(self.log_lines()) if stopped else None

@@ -146,6 +146,19 @@ def server_connections(pid: int, port: int, proc: str = PROC) -> int | None:
     return sum(open_connections(table, port) for table in tables) if tables else None
 
 
+def catches_signal(pid: int, signum: int, proc: str = PROC) -> bool:
+    """Whether process `pid` has a handler of its own for `signum` (the SigCgt mask of its status): sent a signal
+    it does not catch, such as SIGUSR2, a process dies."""
+    try:
+        with open(f"{proc}/{pid}/status") as status:
+            for line in status:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
 def still_running(process: Process, proc: str = PROC) -> bool:
     """Whether this very process (not a later one with its PID) has any thread left.
 

@@ -16,6 +16,7 @@ import urllib.parse
 from dataclasses import dataclass
 
 from ansible_collections.llmops.vllm.plugins.module_utils._processes import (
+    catches_signal,
     is_engine,
     list_processes,
     read_process,
@@ -47,6 +48,10 @@ from ansible_collections.llmops.vllm.plugins.module_utils._wait import WaitAbort
 # and the end of that line: when the request began, in seconds since the epoch.
 CUT_OFF_MARK = "llmops.vllm: request cut off:"
 CUT_OFF_STARTED = re.compile(r" started (\d+(?:\.\d+)?)$")
+# The signal that asks that middleware for the requests it is still answering (it writes the same line for each),
+# and the line that ends its answer: a stop asks before it kills a server, whose open requests would end unwritten.
+ACCOUNT_SIGNAL = signal.SIGUSR2
+ACCOUNTED = "llmops.vllm: requests still open:"
 
 # Seconds between polls of a stopping unit: stops take seconds, and each poll is one systemctl call.
 STOP_POLL_INTERVAL = 0.2
@@ -220,25 +225,28 @@ class Lifecycle:
             # left there once the unit stops is orphaned, and the orphan step below deals with it.
             report["terminate"] = self._wait_stopped(before, settings.stop_timeout, engine, sigterm_at)
             hang = report["terminate"].pop("api_server_hang")
+            accounted = False
             if hang or not report["terminate"]["stopped"]:
                 report["escalated"] = True
                 report["api_server_hang"] = hang
+                accounted = self._ask_account(before, stop_asked)
                 report["killed"] = self._kill_cgroup(before)
-            self._count_cut_off(report, before, stop_asked)
+            self._count_cut_off(report, before, stop_asked, accounted)
         report["orphans"] = self._orphans(before)
         report["cgroup_empty"] = not self.unit.pids(before)
         report["elapsed"] = round(time.monotonic() - started, 3)
         return report
 
-    def _count_cut_off(self, report: dict, before: UnitState, stop_asked: float):
+    def _count_cut_off(self, report: dict, before: UnitState, stop_asked: float, accounted: bool):
         """The requests the stop aborted, from the server's own account of each request it did not finish.
 
         A unit that runs the collection's CutOffRequests middleware writes one journal line for each; a stop
-        counts those of its run that began before SIGTERM, plus the connections of an API server it had to kill
-        (their requests never ended, so nothing wrote them). Those that began later were refused, not aborted.
-        Without the middleware the count read before SIGTERM stands, an estimate: requests start and finish
-        between that read and the stop, and vLLM's gauges lag. A SIGKILL past stop_timeout ends requests that
-        write nothing either: their number is not known.
+        counts those of its run that began before SIGTERM. Those that began later were refused, not aborted.
+        Before a SIGKILL the server was asked for the requests it still had open (`accounted`: it answered);
+        without that answer, a SIGKILL ends requests that write nothing: the connections of an API server that
+        outlived its engine stand for them (an estimate: some may be idle or closing), or their number is not
+        known (at least). Without the middleware the count read before SIGTERM stands, an estimate: requests
+        start and finish between that read and the stop, and vLLM's gauges lag.
         """
         if CUT_OFF_ACCOUNTING not in exec_start_argv(before.exec_start):
             report["aborted_requests_bound"] = "estimate"
@@ -247,14 +255,36 @@ class Lifecycle:
         if read.observed is None:
             report["aborted_requests_bound"] = "estimate"
             return
-        hang = report["api_server_hang"]
+        hang = None if accounted else report["api_server_hang"]
         begun = cut_off_starts(read.observed)
         report["aborted_requests"] = sum(start < stop_asked for start in begun) + (hang["connections"] if hang else 0)
         report["refused_requests"] = sum(start >= stop_asked for start in begun)
-        killed_unseen = report["escalated"] and not hang
-        report["aborted_requests_bound"] = "at least" if killed_unseen or not read.ok else "exact"
+        if hang:
+            report["aborted_requests_bound"] = "estimate"
+        elif (report["escalated"] and not accounted) or not read.ok:
+            report["aborted_requests_bound"] = "at least"
         if report["drain"]:
             report["drain"]["remaining"] = report["aborted_requests"]
+
+    def _ask_account(self, before: UnitState, since: float) -> bool:
+        """Ask the API server of a unit about to be killed for the requests it still has open (ACCOUNT_SIGNAL to
+        CutOffRequests); whether its answer reached the journal. A process that does not catch the signal is
+        not sent it."""
+        main_pid = self.unit.state().main_pid
+        if CUT_OFF_ACCOUNTING not in exec_start_argv(before.exec_start) or not main_pid:
+            return False
+        if not catches_signal(main_pid, ACCOUNT_SIGNAL, self.proc):
+            return False
+        try:
+            os.kill(main_pid, ACCOUNT_SIGNAL)
+        except ProcessLookupError:
+            return False
+
+        def answered():
+            lines = self.unit.journal_since(before.invocation_id, since) or []
+            return any(line.startswith(ACCOUNTED) for line in lines), None
+
+        return wait_for(answered, JOURNAL_CATCH_UP, STOP_POLL_INTERVAL).ok
 
     def _quiet_journal(self, before: UnitState, since: float):
         """The run's journal lines since `since` (a wait_for result), once journald has caught up with what its

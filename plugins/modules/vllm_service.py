@@ -222,13 +222,16 @@ stop:
       description:
         - Requests that the stop cut off. A server deployed by the collection writes a journal line for each
           request it did not finish (the C(llmops_vllm_dev_guard.CutOffRequests) middleware); the module counts
-          those of the stopped run since SIGTERM, and adds the connections of an API server it had to kill.
-        - A unit without that middleware gets the count read before SIGTERM, an estimate.
+          those of the stopped run that began before SIGTERM. Before it kills a server, the module asks it
+          (SIGUSR2) to write the requests it still has open, so that those count too.
+        - A unit without that middleware gets the count read before SIGTERM, an estimate; so does a server killed
+          without that answer, whose open connections then stand for its open requests.
       type: int
     aborted_requests_bound:
       description:
-        - C(exact), the server's own account; C(at least) when SIGKILL past O(stop_timeout) ended requests
-          that nothing could count, or the journal did not settle; C(estimate) without the server's account.
+        - C(exact), the server's own account; C(at least) when a server still running at O(stop_timeout) did not
+          answer the module's SIGUSR2 before its SIGKILL, or the journal did not settle; C(estimate) without the
+          server's account.
       type: str
       choices: [exact, at least, estimate]
     refused_requests:
@@ -441,8 +444,8 @@ ABORTED_WORDING = {
     "exact": "{count} requests aborted",
     "at least": "at least {count} requests aborted (others may have ended unseen: SIGKILL, or a journal that did "
     "not settle)",
-    "estimate": "about {count} requests aborted (read before the stop: the unit does not run the collection's "
-    "llmops_vllm_dev_guard.CutOffRequests middleware, which counts them)",
+    "estimate": "about {count} requests aborted (an estimate: the server did not count them itself, as the "
+    "collection's llmops_vllm_dev_guard.CutOffRequests middleware does)",
 }
 
 

@@ -275,6 +275,8 @@ def test_an_api_server_that_outlives_its_engine_is_ended_at_once(serving):
         "; exit 1"
     )
     assert hang["connections"] >= 1 and stop["escalated"] and stop["cgroup_empty"]
+    # Asked before the kill, the server wrote the stalled request as still open: the one request it aborted.
+    assert (stop["aborted_requests"], stop["aborted_requests_bound"], stop["refused_requests"]) == (1, "exact", 0)
     assert hang["killed_after"] - hang["engine_exited"] < 2.0, hang
     assert stop["terminate"]["elapsed"] < 30, stop["terminate"]
     assert "the API server did not exit after its engine stopped; " in result["msg"]

@@ -19,6 +19,8 @@ whenever the file changes, and 403 to any other client.
 CutOffRequests, in every server: one line on standard error (the unit's journal) for each API request whose answer
 the server did not finish, so that a stop can tell how many requests it cut off from what the server itself saw
 rather than from a count read at an instant before it (vLLM's gauges lag, and requests start and end meanwhile).
+On ACCOUNT_SIGNAL it writes the same line for each request it is still answering, then ACCOUNTED: a stop asks for
+that before it kills a server that will not end its answers itself (an API server that outlived its engine).
 
 uvicorn takes the client address from X-Forwarded-For only when the request comes from 127.0.0.1 (its
 forwarded_allow_ips default), so a proxy on the host that sets that header keeps its clients remote here; a
@@ -27,10 +29,12 @@ proxy that does not set it makes every client look local, and must refuse these 
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
 import re
+import signal
 import sys
 import time
 
@@ -68,6 +72,9 @@ METRICS_REFUSAL = json.dumps(
 
 # The start of the line CutOffRequests writes: llmops.vllm's vllm_service counts these lines in the journal.
 CUT_OFF_MARK = "llmops.vllm: request cut off:"
+# The signal that asks CutOffRequests for the requests it is still answering, and the line that ends its answer.
+ACCOUNT_SIGNAL = signal.SIGUSR2
+ACCOUNTED = "llmops.vllm: requests still open:"
 # Answers whose last word is a finish reason: a completion or chat completion, streamed or not.
 FINISHING_PATHS = ("/v1/completions", "/v1/chat/completions")
 FINISH_REASON = re.compile(rb'"finish_reason":\s*"([a-z_]+)"')
@@ -201,6 +208,8 @@ class Answer:
         self.messages = 0
         self.finish_reason = None
         self.ended = False
+        # Written as still open when the server accounted for the requests it was answering.
+        self.accounted = False
 
     def saw(self, message):
         if message["type"] == "http.response.start":
@@ -227,10 +236,28 @@ class CutOffRequests:
     an API prefix) whose answer the server did not finish: ended early, failed with a server error, or a completion
     ended without a finish reason or with abort. Client errors (4xx) are answers; a client that goes away before
     its answer counts as cut off too. A stopping server that refuses new requests answers them this way as well:
-    their start, after the stop began, tells them apart."""
+    their start, after the stop began, tells them apart.
+
+    On ACCOUNT_SIGNAL, the same line for each request still being answered (once: it is not written again when
+    that request ends), then ACCOUNTED and their number."""
+
+    # The requests being answered, by their Answer's id: (path, start, Answer).
+    answering: dict = {}
 
     def __init__(self, app):
         self.app = app
+        # Outside the main thread no handler can be set: no account then, and a stop counts without it.
+        with contextlib.suppress(ValueError):
+            signal.signal(ACCOUNT_SIGNAL, self.account)
+
+    @classmethod
+    def account(cls, _signum=None, _frame=None):
+        still_open = list(cls.answering.values())
+        for path, started, answer in still_open:
+            answer.accounted = True
+            _write_cut_off(path, answer, started, "still open")
+        sys.stderr.write(f"{ACCOUNTED} {len(still_open)}\n")
+        sys.stderr.flush()
 
     async def __call__(self, scope, receive, send):
         path = _path(scope)
@@ -238,6 +265,7 @@ class CutOffRequests:
             return await self.app(scope, receive, send)
         answer = Answer(path.rstrip("/") in FINISHING_PATHS)
         started = time.time()
+        self.answering[id(answer)] = (path, started, answer)
 
         async def watched_send(message):
             answer.saw(message)
@@ -246,10 +274,15 @@ class CutOffRequests:
         try:
             await self.app(scope, receive, watched_send)
         finally:
-            if not answer.finished():
-                reason = answer.finish_reason.decode() if answer.finish_reason else "none"
-                sys.stderr.write(
-                    f"{CUT_OFF_MARK} POST {path} (status {answer.status}, {answer.messages} body messages, "
-                    f"finish reason {reason}) started {started:.3f}\n"
-                )
-                sys.stderr.flush()
+            del self.answering[id(answer)]
+            if not answer.finished() and not answer.accounted:
+                _write_cut_off(path, answer, started, "ended")
+
+
+def _write_cut_off(path, answer, started, how):
+    reason = answer.finish_reason.decode() if answer.finish_reason else "none"
+    sys.stderr.write(
+        f"{CUT_OFF_MARK} POST {path} ({how}, status {answer.status}, {answer.messages} body messages, "
+        f"finish reason {reason}) started {started:.3f}\n"
+    )
+    sys.stderr.flush()

@@ -8,6 +8,7 @@ import pytest
 
 from ansible_collections.llmops.vllm.plugins.module_utils._processes import (
     Process,
+    catches_signal,
     is_vllm,
     list_processes,
     parse_stat,
@@ -148,3 +149,22 @@ def test_a_command_line_that_cannot_be_read_is_empty(monkeypatch):
     monkeypatch.setattr("builtins.open", guarded_open)
     process = read_process(os.getpid())
     assert process.cmdline == "" and process.pid == os.getpid()
+
+
+def test_catches_signal_reads_the_handled_mask_of_a_process(tmp_path):
+    # SigCgt as /proc shows it: bit N-1 for signal N. 0x802: SIGINT (2) and SIGUSR2 (12).
+    (tmp_path / "41").mkdir()
+    (tmp_path / "41" / "status").write_text("Name:\tpython3\nSigBlk:\t0000000000000000\nSigCgt:\t0000000000000802\n")
+    assert catches_signal(41, signal.SIGUSR2, str(tmp_path))
+    assert catches_signal(41, signal.SIGINT, str(tmp_path))
+    assert not catches_signal(41, signal.SIGUSR1, str(tmp_path))
+    assert not catches_signal(42, signal.SIGUSR2, str(tmp_path)), "a process that is gone catches nothing"
+
+
+def test_catches_signal_sees_a_handler_installed_in_this_process():
+    before = signal.signal(signal.SIGUSR2, lambda *_: None)
+    try:
+        assert catches_signal(os.getpid(), signal.SIGUSR2)
+    finally:
+        signal.signal(signal.SIGUSR2, before)
+    assert catches_signal(os.getpid(), signal.SIGUSR2) == callable(before)

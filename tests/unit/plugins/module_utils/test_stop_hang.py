@@ -15,18 +15,27 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.llmops.vllm.plugins.module_utils._processes import is_engine, open_connections, read_process
-from ansible_collections.llmops.vllm.plugins.module_utils._vllm_service import ENGINE_EXIT_GRACE, Lifecycle, Settings
+from ansible_collections.llmops.vllm.plugins.module_utils._serve_command import CUT_OFF_ACCOUNTING
+from ansible_collections.llmops.vllm.plugins.module_utils._vllm_service import (
+    ACCOUNTED,
+    CUT_OFF_MARK,
+    ENGINE_EXIT_GRACE,
+    Lifecycle,
+    Settings,
+)
 
 SESSION_UNIT = Path(__file__).resolve().parents[4] / "benchmarks" / "gpu" / "session_unit.py"
 SPEC = importlib.util.spec_from_file_location("session_unit", SESSION_UNIT)
 session_unit = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(session_unit)
 
-# argv: PORT MODE. The engine child's command line starts with VLLM::EngineCore, as vLLM's does. The first
-# connection stands for a stream in flight; any later one (the module's /metrics) gets a 404.
+# argv: PORT MODE ACCOUNT MARK ACCOUNTED. The engine child's command line starts with VLLM::EngineCore, as vLLM's
+# does. The first connection stands for a stream in flight; any later one (the module's /metrics) gets a 404. With
+# ACCOUNT "answers", SIGUSR2 makes the server write that stream as CutOffRequests does when a stop asks for the
+# requests still open (MARK and ACCOUNTED are its lines' beginnings).
 SERVER = r"""
 import os, signal, socket, sys, threading, time
-port, mode = int(sys.argv[1]), sys.argv[2]
+port, mode, account, mark, accounted = int(sys.argv[1]), *sys.argv[2:6]
 listener = socket.create_server(("127.0.0.1", port))
 engine = os.fork()
 if engine == 0:
@@ -41,8 +50,16 @@ def accept():
             connection.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
             connection.close()
         else:
-            streams.append(connection)
+            streams.append((connection, time.time()))
 
+def write_still_open(*_):
+    for _connection, started in streams:
+        print(f"{mark} POST /v1/completions (still open, status 200, 3 body messages, finish reason none) "
+              f"started {started:.3f}", flush=True)
+    print(f"{accounted} {len(streams)}", flush=True)
+
+if account == "answers":
+    signal.signal(signal.SIGUSR2, write_still_open)
 threading.Thread(target=accept, daemon=True).start()
 stopping = []
 signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
@@ -52,7 +69,7 @@ os.kill(engine, signal.SIGTERM)
 os.waitpid(engine, 0)
 if mode == "hang":
     time.sleep(600)
-for connection in streams:
+for connection, _started in streams:
     connection.close()
 """
 
@@ -67,9 +84,16 @@ def free_port():
 def stand_in(tmp_path):
     units = []
 
-    def start(mode):
+    def start(mode, account=None):
+        """The stand-in in `mode` (hang, close); with `account` (answers, deaf), its command line names the
+        collection's CutOffRequests middleware, and the server answers SIGUSR2 or does not catch it."""
         port = free_port()
-        argv = [sys.executable, "-c", SERVER, str(port), mode, "--port", str(port)]
+        server = tmp_path / "server.py"
+        server.write_text(SERVER)
+        argv = [sys.executable, str(server), str(port), mode, str(account), CUT_OFF_MARK, ACCOUNTED]
+        argv += ["--port", str(port)]
+        if account:
+            argv += ["--middleware", CUT_OFF_ACCOUNTING]
         unit = session_unit.SessionUnit("vllm-standin", argv, {}, str(tmp_path / "log"))
         unit.start()
         deadline = time.monotonic() + 10
@@ -101,6 +125,22 @@ def test_an_api_server_that_outlives_its_engine_is_killed_within_two_seconds(sta
     assert ENGINE_EXIT_GRACE <= hang["killed_after"] - hang["engine_exited"] < 2.0
     assert stop["escalated"] and stop["cgroup_empty"] and stop["elapsed"] < 5
     assert unit.popen.returncode == -9
+
+
+def test_a_server_asked_before_the_kill_counts_its_open_stream_exactly(stand_in):
+    unit, settings = stand_in("hang", account="answers")
+    stop = Lifecycle(unit, settings).stop(unit.state())
+    assert stop["escalated"] and stop["api_server_hang"]["connections"] == 1
+    assert (stop["aborted_requests"], stop["aborted_requests_bound"], stop["refused_requests"]) == (1, "exact", 0)
+    assert f"{ACCOUNTED} 1" in unit.log_lines()
+
+
+def test_a_server_that_cannot_answer_is_not_sent_the_signal_and_its_connections_are_an_estimate(stand_in):
+    unit, settings = stand_in("hang", account="deaf")
+    stop = Lifecycle(unit, settings).stop(unit.state())
+    assert (stop["aborted_requests"], stop["aborted_requests_bound"]) == (1, "estimate")
+    # Killed by the module's SIGKILL, not by a SIGUSR2 it does not catch.
+    assert unit.popen.returncode == -9 and not any(line.startswith(ACCOUNTED) for line in unit.log_lines())
 
 
 def test_a_server_that_closes_its_connections_and_exits_is_left_to_exit(stand_in):
