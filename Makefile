@@ -102,7 +102,7 @@ emulator:
 .PHONY: integration
 integration: venv wheelhouse emulator ## The modules and playbooks against a real local host serving tiny (tests/integration)
 	scripts/local-host.sh image
-	pytest tests/integration --durations=12 --junitxml=.build/junit-integration.xml
+	scripts/integration.sh
 
 .PHONY: cpu
 cpu: ## Print this machine's CPU and the ISA level that vLLM's CPU build sees (AVX2, AVX-512, AMX)

@@ -8,6 +8,10 @@ LLMOPS_TEST_HOST with `-2` added, serving `tiny` too, with its records in a dire
 listening on its own network address, not on every address: a step that reads the default directory or waits
 at 127.0.0.1 fails there. When the session has fleet tests, both hosts are deployed at once.
 LLMOPS_TEST_KEEP_HOST=1 keeps the containers afterwards; the next session's deploy then changes nothing.
+
+`--lane fleet` or `--lane host` runs one of two halves of the tests, whole modules each: the modules with fleet
+tests and those of FLEET_LANE_ALSO, or the rest. scripts/integration.sh runs both at once, each with hosts of its
+own: a load of tiny keeps about one core busy, so two lanes on two cores take about the time of the longer.
 """
 
 from __future__ import annotations
@@ -32,6 +36,25 @@ SMALL_FS = "/srv/small"
 SECOND_CONFIG_DIR = "/etc/vllm-fleet"
 # The longest a module may take here: a start of tiny plus a stop, with room for a loaded CI runner.
 MODULE_TIMEOUT = 900
+
+
+# Modules without fleet tests that run in the fleet lane, so that the two lanes take about as long.
+FLEET_LANE_ALSO = ("test_tune.py", "test_sleep_mode.py")
+LANES = ("fleet", "host")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--lane", choices=LANES, help="run one lane of the integration tests (scripts/integration.sh)")
+
+
+def pytest_collection_modifyitems(config, items):
+    lane = config.getoption("lane")
+    if not lane:
+        return
+    fleet_modules = {item.path.name for item in items if "fleet" in item.fixturenames} | set(FLEET_LANE_ALSO)
+    kept = [item for item in items if (item.path.name in fleet_modules) == (lane == "fleet")]
+    config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+    items[:] = kept
 
 
 @dataclass
@@ -198,12 +221,15 @@ HOST_VARS = {
 
 
 @pytest.fixture(scope="session")
-def local_host(tmp_path_factory) -> LocalHost:
+def local_host(request, tmp_path_factory) -> LocalHost:
     name = os.environ.get("LLMOPS_TEST_HOST", "llmops-vllm-it")
     # A filesystem smaller than the tiny model, for the disk-space check of the weights.
     env = host_environment(name, LLMOPS_LOCAL_TMPFS=SMALL_FS + ":1m")
     subprocess.run([LOCAL_HOST, "up"], check=True, env=env)
     address = container_address(name)
+    if request.config.getoption("lane") == "host":
+        # Beside the fleet lane's hosts: its first takes the core that vLLM binds by default, its second the last.
+        own_core(name)
     inventory = tmp_path_factory.mktemp("inventory") / "hosts.yml"
     # Routers reach the host's instances at its address (tests/integration/test_router.py).
     inventory.write_text(json.dumps({"vllm_hosts": {"hosts": {name: {**HOST_VARS, "vllm_worker_address": address}}}}))
