@@ -48,6 +48,8 @@ from ansible_collections.llmops.vllm.plugins.module_utils._wait import WaitAbort
 # and the end of that line: when the request began, in seconds since the epoch.
 CUT_OFF_MARK = "llmops.vllm: request cut off:"
 CUT_OFF_STARTED = re.compile(r" started (\d+(?:\.\d+)?)$")
+# What the answer held when it was cut off: its HTTP status (None before any) and how many body messages.
+CUT_OFF_ANSWER = re.compile(r", status (\d+|None), (\d+) body messages,")
 # The signal that asks that middleware for the requests it is still answering (it writes the same line for each),
 # and the line that ends its answer: a stop asks before it kills a server, whose open requests would end unwritten.
 ACCOUNT_SIGNAL = signal.SIGUSR2
@@ -103,14 +105,25 @@ def server_drain_timeout(state: UnitState) -> float:
         return 0.0
 
 
-def cut_off_starts(lines: list[str]) -> list[float]:
-    """When each request that CUT_OFF_ACCOUNTING wrote as cut off began (seconds since the epoch)."""
-    starts = []
+@dataclass(frozen=True)
+class CutOff:
+    """A request that CUT_OFF_ACCOUNTING wrote as cut off: when it began (seconds since the epoch), and whether the
+    server had begun to answer it (status 200 and a body message)."""
+
+    started: float
+    answered: bool
+
+
+def cut_off_requests(lines: list[str]) -> list[CutOff]:
+    """The requests of the lines that CUT_OFF_ACCOUNTING wrote, oldest line first."""
+    found = []
     for line in lines:
         started = CUT_OFF_STARTED.search(line) if line.startswith(CUT_OFF_MARK) else None
         if started:
-            starts.append(float(started.group(1)))
-    return starts
+            answer = CUT_OFF_ANSWER.search(line)
+            answered = bool(answer) and answer.group(1) == "200" and int(answer.group(2)) > 0
+            found.append(CutOff(float(started.group(1)), answered))
+    return found
 
 
 class Lifecycle:
@@ -241,7 +254,8 @@ class Lifecycle:
         """The requests the stop aborted, from the server's own account of each request it did not finish.
 
         A unit that runs the collection's CutOffRequests middleware writes one journal line for each; a stop
-        counts those of its run that began before SIGTERM. Those that began later were refused, not aborted.
+        counts those of its run that began before SIGTERM, and those begun later that the server had begun to
+        answer. The others that began later, answered with an error alone, were refused, not aborted.
         Before a SIGKILL the server was asked for the requests it still had open (`accounted`: it answered);
         without that answer, a SIGKILL ends requests that write nothing: the connections of an API server that
         outlived its engine stand for them (an estimate: some may be idle or closing), or their number is not
@@ -256,9 +270,11 @@ class Lifecycle:
             report["aborted_requests_bound"] = "estimate"
             return
         hang = None if accounted else report["api_server_hang"]
-        begun = cut_off_starts(read.observed)
-        report["aborted_requests"] = sum(start < stop_asked for start in begun) + (hang["connections"] if hang else 0)
-        report["refused_requests"] = sum(start >= stop_asked for start in begun)
+        # vLLM serves on for a moment after SIGTERM: a request begun then that got an answer was cut off as well.
+        cut_off = cut_off_requests(read.observed)
+        aborted = sum(request.started < stop_asked or request.answered for request in cut_off)
+        report["aborted_requests"] = aborted + (hang["connections"] if hang else 0)
+        report["refused_requests"] = len(cut_off) - aborted
         if hang:
             report["aborted_requests_bound"] = "estimate"
         elif (report["escalated"] and not accounted) or not read.ok:

@@ -222,8 +222,9 @@ stop:
       description:
         - Requests that the stop cut off. A server deployed by the collection writes a journal line for each
           request it did not finish (the C(llmops_vllm_dev_guard.CutOffRequests) middleware); the module counts
-          those of the stopped run that began before SIGTERM. Before it kills a server, the module asks it
-          (SIGUSR2) to write the requests it still has open, so that those count too.
+          those of the stopped run that began before SIGTERM, and those begun after it that the server had begun
+          to answer (vLLM serves on for a moment). Before it kills a server, the module asks it (SIGUSR2) to write
+          the requests it still has open, so that those count too.
         - A unit without that middleware gets the count read before SIGTERM, an estimate; so does a server killed
           without that answer, whose open connections then stand for its open requests.
       type: int
@@ -235,8 +236,8 @@ stop:
       type: str
       choices: [exact, at least, estimate]
     refused_requests:
-      description: Requests that reached the server after SIGTERM and got no answer from it (by the server's own
-        account, as C(aborted_requests)); 0 without that account.
+      description: Requests that reached the server after SIGTERM and got nothing but an error from it (by the
+        server's own account, as C(aborted_requests)); 0 without that account.
       type: int
     terminate:
       description: Whether the unit stopped after SIGTERM (C(stopped)), in how long, and its final state.

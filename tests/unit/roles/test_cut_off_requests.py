@@ -17,7 +17,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._vllm_service import (
     ACCOUNT_SIGNAL,
     ACCOUNTED,
     CUT_OFF_MARK,
-    cut_off_starts,
+    cut_off_requests,
 )
 
 
@@ -81,7 +81,7 @@ def test_a_stream_ended_without_a_finish_reason_is_cut_off(lines_written):
     written = "POST /v1/completions (ended, status 200, 4 body messages, finish reason none)"
     assert lines[0].startswith(f"{CUT_OFF_MARK} {written}")
     # Written to the millisecond: rounded, it may read up to half of one before `before`.
-    assert before - 0.001 <= cut_off_starts(lines)[0] <= time.time() + 0.001
+    assert before - 0.001 <= cut_off_requests(lines)[0].started <= time.time() + 0.001
 
 
 def test_a_stream_finished_with_abort_is_cut_off(lines_written):
@@ -158,6 +158,17 @@ def test_asked_for_an_account_it_writes_the_requests_still_open_once_and_their_n
 def test_asked_with_nothing_open_it_says_so(guard, capsys):
     guard.CutOffRequests.account()
     assert capsys.readouterr().err == f"{ACCOUNTED} 0\n"
+
+
+def test_the_module_reads_when_each_request_began_and_whether_it_was_answered(lines_written):
+    streamed = lines_written(stream(chunk(), chunk(), ends=False))
+    failed = lines_written(stream('{"error":"EngineDeadError"}', status=500))
+
+    async def silent(scope, receive, send):
+        raise RuntimeError("cut off before any answer")
+
+    unanswered = lines_written(silent)
+    assert [request.answered for request in cut_off_requests(streamed + failed + unanswered)] == [True, False, False]
 
 
 def test_the_module_and_the_server_agree_on_the_names(guard):
