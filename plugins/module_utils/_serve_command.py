@@ -226,10 +226,26 @@ def build_serve_args(spec):
     return args + _checked_extra_args(spec.get("extra_args") or [])
 
 
+def compile_cache_environment(home: str, vllm_version: str, model: str) -> dict:
+    """Where vLLM keeps what it compiles for one entry on one release, under the home the unit may write.
+
+    A directory per release and entry: a restart, a swap back and a rollback find their own, and the directory is
+    exactly what identical hosts can share (llmops.vllm.vllm_compile_cache). Triton's kernels go there too.
+    """
+    root = f"{home}/.cache/vllm/{_path_part(vllm_version)}/{_path_part(model)}"
+    return {"VLLM_CACHE_ROOT": root, "TRITON_CACHE_DIR": f"{root}/triton"}
+
+
+def _path_part(name: str) -> str:
+    """`name` as one directory name: a hub id's `/` and anything unusual become `--`."""
+    return re.sub(r"[^A-Za-z0-9._+-]+", "--", str(name)).strip(".") or "-"
+
+
 def build_server_environment(settings):
     """Return the environment of one vLLM server, as the unit's EnvironmentFile holds it.
 
-    settings keys: home, load_timeout (required); device (`cpu` adds the CPU build's KV-cache size,
+    settings keys: home, load_timeout (required); model and vllm_version (the catalog entry and the release,
+    which give the compile cache its directory), device (`cpu` adds the CPU build's KV-cache size,
     cpu_kvcache_space_gib), cuda_visible_devices, sleep_mode and dev_endpoints (as build_serve_args takes
     them), env (the catalog's and the user's, which may override the defaults), api_key (a secret: it goes
     only here, never on the command line). Pure.
@@ -264,6 +280,8 @@ def build_server_environment(settings):
         # without it (a base image's torch had none) are otherwise compiled again by both processes at each start.
         "PYTHONPYCACHEPREFIX": f"{home}/.cache/python-bytecode",
     }
+    if settings.get("model") and settings.get("vllm_version"):
+        environment.update(compile_cache_environment(home, settings["vllm_version"], settings["model"]))
     if settings.get("device") == "cpu":
         environment["VLLM_CPU_KVCACHE_SPACE"] = str(settings.get("cpu_kvcache_space_gib", 1))
     if settings.get("cuda_visible_devices"):

@@ -65,6 +65,18 @@ def parse_environment_assignments(text):
     return variables
 
 
+def parse_environment_directives(texts):
+    """The `Environment=` lines of a unit file and its drop-ins, in the order systemd reads them, as a dict: each
+    line's assignments over the earlier ones; an empty `Environment=` clears what came before."""
+    variables = {}
+    for text in texts:
+        for line in text.splitlines():
+            if line.startswith("Environment="):
+                value = line[len("Environment=") :]
+                variables = {**variables, **parse_environment_assignments(value)} if value.strip() else {}
+    return variables
+
+
 def parse_environment_file(text):
     """The variables of an EnvironmentFile as systemd reads it: `#`/`;` comments, quotes, `\\` escapes.
 

@@ -158,10 +158,11 @@ def test_pythons_bytecode_and_vllms_caches_go_under_the_home_that_the_sandbox_le
     server's two processes compiled torch again, about 10 s each. The interpreter keeps what it compiles under the
     service's home, the one directory the unit may write, so the next start reads it."""
     unit = render_unit(vllm_server_home=home)
-    environment = render_environment(vllm_server_home=home)
+    environment = render_environment(vllm_server_home=home, vllm_server_model="tiny", vllm_server_vllm_version="0.32.0")
     assert directives(unit, "ReadWritePaths") == [home]
     assert environment["PYTHONPYCACHEPREFIX"] == f"{home}/.cache/python-bytecode"
-    # vLLM's compile cache (VLLM_CACHE_ROOT, ~/.cache/vllm) follows HOME; neither is in the unit's private /tmp.
+    # vLLM's compile cache, one directory per release and entry, and Triton's kernels in it: none in the private /tmp.
     assert environment["HOME"] == home
-    assert "VLLM_CACHE_ROOT" not in environment
+    assert environment["VLLM_CACHE_ROOT"] == f"{home}/.cache/vllm/0.32.0/tiny"
+    assert environment["TRITON_CACHE_DIR"] == f"{home}/.cache/vllm/0.32.0/tiny/triton"
     assert directives(unit, "PrivateTmp") == ["yes"]

@@ -234,3 +234,14 @@ def test_development_mode_without_the_guard_is_refused():
         build_serve_args({**BASE, "extra_args": ["--enable-sleep-mode"]})
     with pytest.raises(ServeSpecError, match="sleep_mode must be true or false, got 'yes'"):
         build_serve_args({**BASE, "sleep_mode": "yes"})
+
+
+def test_each_release_and_entry_compiles_into_a_directory_of_its_own_under_the_home():
+    settings = {"home": "/var/lib/vllm", "load_timeout": 300, "vllm_version": "0.26.0", "model": "Org/Model 7B"}
+    environment = build_server_environment(settings)
+    assert environment["VLLM_CACHE_ROOT"] == "/var/lib/vllm/.cache/vllm/0.26.0/Org--Model--7B"
+    assert environment["TRITON_CACHE_DIR"] == "/var/lib/vllm/.cache/vllm/0.26.0/Org--Model--7B/triton"
+    assert build_server_environment({**settings, "model": "tiny"})["VLLM_CACHE_ROOT"].endswith("/0.26.0/tiny")
+    # The entry's own setting wins, as every variable of its env does.
+    moved = build_server_environment({**settings, "env": {"VLLM_CACHE_ROOT": "/var/lib/vllm/cc"}})
+    assert moved["VLLM_CACHE_ROOT"] == "/var/lib/vllm/cc"

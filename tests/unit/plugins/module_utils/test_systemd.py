@@ -7,6 +7,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._systemd import (
     exec_arg,
     exec_line,
     parse_environment_assignments,
+    parse_environment_directives,
     parse_environment_file,
     parse_environment_files_property,
 )
@@ -86,6 +87,14 @@ def test_environment_file_reads_back_what_it_writes():
 def test_environment_file_as_people_write_it():
     text = "# comment\n; also a comment\n\nPLAIN=value\n  SPACED = x \nSINGLE='a \\b'\nLONG=a\\\nb\nnot a line\n"
     assert parse_environment_file(text) == {"PLAIN": "value", "SPACED": "x", "SINGLE": "a \\b", "LONG": "ab"}
+
+
+def test_environment_lines_of_a_unit_and_its_drop_ins_in_order_an_empty_one_clearing():
+    unit = '[Service]\nEnvironment=A=1 "B=two words"\nEnvironment=C=3\nExecStart=/bin/true\n'
+    assert parse_environment_directives([unit]) == {"A": "1", "B": "two words", "C": "3"}
+    drop_in = "[Service]\nEnvironment=A=9\n"
+    assert parse_environment_directives([unit, drop_in]) == {"A": "9", "B": "two words", "C": "3"}
+    assert parse_environment_directives([unit, "[Service]\nEnvironment=\nEnvironment=D=4\n"]) == {"D": "4"}
 
 
 def test_environment_property():
