@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 
 from ansible_collections.llmops.vllm.plugins.module_utils._clock import seconds
+from ansible_collections.llmops.vllm.plugins.module_utils._page_cache import meminfo_bytes
 from ansible_collections.llmops.vllm.plugins.module_utils._planner import DEFAULT_GPU_MEMORY_UTILIZATION
 
 # A swap's results, and those that count against a rollout's failure budget.
@@ -65,13 +66,7 @@ def new_instance(model, records, version, name="", replace="", port=None, gpus=N
 
 def meminfo_mib(text: str) -> dict:
     """MiB of each /proc/meminfo field (MemTotal, MemAvailable, ...)."""
-    fields = {}
-    for line in text.splitlines():
-        name, _colon, value = line.partition(":")
-        words = value.split()
-        if words and words[0].isdigit():
-            fields[name.strip()] = int(words[0]) // 1024 if words[1:] == ["kB"] else int(words[0]) // MIB
-    return fields
+    return {name: value // MIB for name, value in meminfo_bytes(text).items()}
 
 
 def _release(version: str) -> tuple:
@@ -254,10 +249,12 @@ def summary_line(result: dict) -> str:
     """One line for people: the result, where the downtime went, and the message."""
     rollback = f" + rollback {result['rollback']:g}" if result["rollback"] else ""
     asleep = f"; {', '.join(result['asleep'])} kept asleep" if result["asleep"] else ""
+    prefetch = f"; prefetch: {result['prefetch']}" if result["prefetch"] else ""
     return (
         f"{result['result']} in {result['seconds']:g} s ({result['old']} -> {result['new']}); down "
         f"{result['downtime']:g} s = {result['mode']} {result['stop']:g} + GPU memory wait {result['memory_wait']:g}"
         f" + load {result['load']:g}{rollback} + the collection's own {result['overhead']:g}. {result['msg']}{asleep}"
+        f"{prefetch}"
     )
 
 
@@ -269,7 +266,8 @@ def swap_result(outcome, host, model, steps, now) -> dict:
     (the new instance's record; empty when none was written), `running` (the records of the model's own instance
     when it serves already), `sleeping` (the old instances slept rather than stopped), `clock` (see timings), and
     the registered results `stopped` (the loop that stopped or slept the old instances), `memory`
-    (gpu_memory_wait) and `started` (the new instance's start). now: the clock's reading now.
+    (gpu_memory_wait), `started` (the new instance's start) and `prefetch` (weights_prefetch, whose message the
+    result keeps). now: the clock's reading now.
     """
     if outcome.get("result") not in RESULTS:
         raise SwapError(f"result must be one of {list(RESULTS)}, got {outcome.get('result')!r}")
@@ -286,6 +284,7 @@ def swap_result(outcome, host, model, steps, now) -> dict:
         "vllm": versions(old_records, version),
         "mode": "sleep" if steps.get("sleeping") else "stop",
         "asleep": list(outcome.get("asleep") or []),
+        "prefetch": (steps.get("prefetch") or {}).get("msg", ""),
         **timings(steps.get("clock") or {}, now, steps.get("stopped"), steps.get("memory"), steps.get("started")),
     }
     result["summary"] = summary_line(result)

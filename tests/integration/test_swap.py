@@ -41,6 +41,11 @@ def test_the_swap_says_where_its_downtime_went(swapped):
     split = re.search(r"swapped in [0-9.]+ s \(tiny -> tiny2\); down [0-9.]+ s = stop [0-9.]+ \+ .*", proc.stdout)
     assert split, proc.stdout[-4000:]
     print(split.group(0).split('"')[0])
+    # Before the old instance stopped, the new weights were read into the page cache, whole. The summary is one
+    # line, which the callback may fold: read as words.
+    words = " ".join(proc.stdout[split.start() :].split())
+    prefetched = r"^swapped in .*?\. .*?; prefetch: read [0-9.]+ GiB of [0-9]+ files? into the page cache in [0-9.]+ s"
+    assert re.search(prefetched, words), words[:1000]
 
 
 def test_the_new_instance_serves_from_a_venv_of_its_own_and_the_old_one_keeps_its_release(swapped):

@@ -112,6 +112,24 @@ def test_the_result_says_what_was_swapped_and_where_the_time_went():
     )
 
 
+def test_the_result_says_what_was_read_ahead_before_the_stop():
+    steps = {
+        "old": [record("tiny2", version="0.32.0")],
+        "record": record("tiny", version="0.32.0"),
+        "clock": {"prepare": 0, "prepared": 1, "switch": 1, "down": 3, "up": 40},
+        "stopped": stop_result(5.0),
+        "started": {"start": {"elapsed": 30.0}},
+        "prefetch": {"msg": "read 2.06 GiB of 1 files into the page cache in 1.9 s (1112 MiB/s)"},
+    }
+    result = swap_result({"result": "swapped", "msg": "tiny serves"}, "h1", "tiny", steps, 41)
+    assert result["prefetch"].startswith("read 2.06 GiB")
+    assert result["summary"].endswith(
+        "tiny serves; prefetch: read 2.06 GiB of 1 files into the page cache in 1.9 s (1112 MiB/s)"
+    )
+    skipped = swap_result({"result": "swapped", "msg": "m"}, "h1", "tiny", {**steps, "prefetch": {"skipped": True}}, 41)
+    assert skipped["prefetch"] == "" and "prefetch" not in skipped["summary"]
+
+
 def test_a_host_that_serves_the_model_already_keeps_its_release():
     steps = {"record": {}, "running": [record("tiny", version="0.31.0")], "clock": {"prepare": 0, "prepared": 3}}
     result = swap_result(
