@@ -30,8 +30,12 @@ Steps (in this order; --steps picks some, e.g. to split the run over two GPU com
   start_a   start-up of host_a by phase under the unit: a first deploy.yml, then restarts (stop, start, serving)
             timed from outside, beside host_a_pyc (host_a with its bytecode cache under the service's home)
   start_seed  the seed-shaped model (MiniMax-M2.5 cut to 16 layers, --load-format dummy): its config written on the
-            host, a first deploy.yml with an empty compile cache, the planner's memory figures beside vLLM's, and a
-            restart with the cache the first start left
+            host, a first deploy.yml with an empty compile cache, which it publishes to the compile cache store, and
+            the planner's memory figures beside vLLM's
+  fleet_seed  this host as a second host of the fleet: the seed's compile cache removed, deploy.yml unpacks the
+            store's archive before the unit starts
+  prefetch  swap.yml from host_a to host_b by stop with the weights out of the page cache, without the prefetch, and
+            back with it
 
 usage: python3 benchmarks/gpu_host/run.py --inventory INVENTORY --catalog DIR --out OUT [--steps a,b,...]
 """
@@ -69,11 +73,15 @@ STREAM_CLIENTS = ROOT / "tests" / "integration" / "stream_clients.py"
 # runs out of time loses the last steps).
 STEPS = (
     "weights", "deploy", "bench", "stop", "kill", "share", "swap", "rollout", "tune", "end",
-    "start_seed", "start_a", "probe",
+    "start_seed", "fleet_seed", "prefetch", "start_a", "probe",
 )  # fmt: skip
 CONFIG_DIR = Path("/etc/vllm")
-# The service's home (vllm_server_home), where vLLM keeps its caches (VLLM_CACHE_ROOT is ~/.cache/vllm).
+# The service's home (vllm_server_home), where vLLM keeps its caches (VLLM_CACHE_ROOT is ~/.cache/vllm/RELEASE/ENTRY).
 SERVICE_HOME = Path("/var/lib/vllm")
+# The controller's compile cache store (vllm_server_compile_cache_store); the controller is this host.
+COMPILE_CACHE_STORE = Path("/var/lib/llmops-gpu-host/compile-cache")
+# What a start that compiles or JIT-builds kernels writes in the journal (and one that loads them does not).
+COMPILE_LINES = re.compile(r"Compiling a graph for compile range|Directly load|torch\.compile took|DeepGEMM warmup")
 SECRETS_FILE = "secrets.json"
 STREAMS = 16
 BENCH_LEVELS = [1, 8, 32, 128]
@@ -393,8 +401,9 @@ def plan_against_vllm(memory: dict, phases: dict) -> dict:
 
 
 def cache_sizes(home: Path = SERVICE_HOME) -> dict:
-    """Bytes of each cache under the service's home: ~/.cache/* and vLLM's own directories in ~/.cache/vllm."""
-    paths = [*home.glob(".cache/*"), *home.glob(".cache/vllm/*"), *home.glob(".cache/vllm/torch_compile_cache/*")]
+    """Bytes of each cache under the service's home: ~/.cache/*, each release and entry's compile cache in
+    ~/.cache/vllm and vLLM's own directories in it."""
+    paths = [*home.glob(".cache/*"), *home.glob(".cache/vllm/*/*"), *home.glob(".cache/vllm/*/*/*")]
     paths += [path for path in (home / ".triton", home / ".nv") if path.exists()]
     sizes = {}
     for path in sorted(paths):
@@ -666,13 +675,13 @@ def step_share(results: Results, host: GpuHost, args):
     host.exec("systemctl", "daemon-reload")
 
 
-def run_swap(results: Results, host: GpuHost, name: str, *variables, unit=None) -> dict:
+def run_swap(results: Results, host: GpuHost, name: str, *variables, unit=None, step="swap") -> dict:
     """swap.yml, with the swap's own account of its time beside the runner's split: its downtime in parts, and a
     rollback's own seconds, from its start (right after the failed step) until the old model serves again."""
-    outcome = run_step(results, host, "swap", name, "swap.yml", *variables, unit=unit)
+    outcome = run_step(results, host, step, name, "swap.yml", *variables, unit=unit)
     account = fact_of(outcome["report"], "vllm_swap_result") or {}
-    keys = ("result", "mode", "seconds", "downtime", "stop", "memory_wait", "load", "rollback", "overhead")
-    results.add("swap", f"{name}_account", {key: account.get(key) for key in keys})
+    keys = ("result", "mode", "seconds", "downtime", "stop", "memory_wait", "load", "rollback", "overhead", "prefetch")
+    results.add(step, f"{name}_account", {key: account.get(key) for key in keys})
     return outcome
 
 
@@ -914,20 +923,94 @@ def step_start_seed(results: Results, host: GpuHost, args):
                                             "stderr": completed.stderr.strip()[-400:]})  # fmt: skip
         if completed.returncode:
             raise RuntimeError("the seed-shaped model's config was not written")
-    # Cold means no compile cache: whatever an earlier run left goes first.
-    cache = SERVICE_HOME / ".cache" / "vllm"
+    # Cold means no compile cache, here or in the store: whatever an earlier run left goes first.
     results.add("start_seed", "cache_bytes_removed_before", cache_sizes())
-    shutil.rmtree(cache, ignore_errors=True)
+    shutil.rmtree(SERVICE_HOME / ".cache" / "vllm", ignore_errors=True)
+    shutil.rmtree(COMPILE_CACHE_STORE, ignore_errors=True)
     unit = unit_of("seed")
-    first = run_step(results, host, "start_seed", "deploy_cold", "deploy.yml",
-                     {"model": "seed", "vllm_server_load_format": "dummy"}, unit=unit, timeout=1200)  # fmt: skip
+    first = run_step(results, host, "start_seed", "deploy_cold", "deploy.yml", SEED_WITH_STORE, unit=unit,
+                     timeout=1200)  # fmt: skip
     compare_plan(results, "start_seed", first, starts_of(unit_journal(host, first["since"], unit)))
     results.add("start_seed", "cache_bytes_after_first_start", cache_sizes())
+    results.add("start_seed", "compile_lines", compile_lines(host, first["since"], unit))
     if first["rc"]:
         raise RuntimeError("the first deploy of the seed-shaped model failed")
+    results.add("start_seed", "store", stored_archives())
     results.add("start_seed", "serves", serves(host, "seed"))
-    timed_restart(results, host, "start_seed", "restart_warm", "seed", args)
     run_step(results, host, "start_seed", "stop_all", "stop.yml")
+
+
+def step_fleet_seed(results: Results, host: GpuHost, args):
+    """This host as another host of the fleet that has never run the seed-shaped model: its compile cache gone (the
+    bytecode under the home stays, as on a host whose packages were installed with theirs), the archive that
+    start_seed published in the store; deploy.yml unpacks it before the unit starts."""
+    if not stored_archives():
+        raise RuntimeError("the compile cache store holds no archive: run start_seed first")
+    host.exec("systemctl", "stop", unit_of("seed"), timeout=180)
+    shutil.rmtree(SERVICE_HOME / ".cache" / "vllm", ignore_errors=True)
+    unit = unit_of("seed")
+    outcome = run_step(results, host, "fleet_seed", "deploy_with_store", "deploy.yml", SEED_WITH_STORE, unit=unit,
+                       timeout=900)  # fmt: skip
+    unpacked = [result.get("msg") for result in results_of(outcome["report"], "vllm_compile_cache")]
+    results.add("fleet_seed", "compile_cache_module", unpacked)
+    results.add("fleet_seed", "compile_lines", compile_lines(host, outcome["since"], unit))
+    results.add("fleet_seed", "cache_bytes", cache_sizes())
+    if outcome["rc"]:
+        raise RuntimeError("the deploy of the seed-shaped model with the store failed")
+    results.add("fleet_seed", "serves", serves(host, "seed"))
+    run_step(results, host, "fleet_seed", "stop_all", "stop.yml")
+
+
+def evict(path: Path) -> dict:
+    """Drop the page cache of every file under `path` (posix_fadvise DONTNEED, as memory pressure would), and say
+    how much of it stays resident (fincore), as before a swap on a host whose memory went to other work."""
+    for file in (item for item in path.rglob("*") if item.is_file()):
+        with open(file, "rb") as handle:
+            os.fsync(handle.fileno())  # dirty pages stay cached until written
+            os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    files = [str(item) for item in path.rglob("*.safetensors")]
+    if not shutil.which("fincore"):
+        return {"resident_bytes": None, "bytes": sum(Path(file).stat().st_size for file in files)}
+    listed = subprocess.run(["fincore", "-b", "-n", "-o", "RES,SIZE", *files], capture_output=True, text=True,
+                            check=False)  # fmt: skip
+    resident = [line.split() for line in listed.stdout.splitlines() if line.strip()]
+    return {
+        "resident_bytes": sum(int(res) for res, _size in resident),
+        "bytes": sum(int(size) for _res, size in resident),
+    }
+
+
+def step_prefetch(results: Results, host: GpuHost, args):
+    """host_a serving, its weights out of the page cache; swap.yml to host_b (the same files) by stop without the
+    prefetch; then out of the page cache again, and back to host_a with it."""
+    weights = Path(args.weights_to)
+    run_step(results, host, "prefetch", "deploy_a", "deploy.yml", {"model": "host_a"}, unit=unit_of("host_a"))
+    results.add("prefetch", "evicted_before_without", evict(weights))
+    run_swap(results, host, "to_b_without_prefetch", {"model": "host_b", "vllm_swap_prefetch": False},
+             unit=unit_of("host_b"), step="prefetch")  # fmt: skip
+    results.add("prefetch", "evicted_before_with", evict(weights))
+    run_swap(results, host, "to_a_with_prefetch", {"model": "host_a", "vllm_swap_prefetch": True},
+             unit=unit_of("host_a"), step="prefetch")  # fmt: skip
+    results.add("prefetch", "serves", serves(host, "host_a"))
+    run_step(results, host, "prefetch", "stop_all", "stop.yml")
+
+
+def stored_archives() -> list[dict]:
+    return [{"name": path.name, "bytes": path.stat().st_size} for path in sorted(COMPILE_CACHE_STORE.glob("*.tar.gz"))]
+
+
+def compile_lines(host: GpuHost, since: float, unit: str) -> list[str]:
+    """The journal's lines of compilation, compiled graphs loaded and DeepGEMM's warm-up (its last progress line
+    gives its time), since `since`."""
+    lines = [line for line in host.journal(since, unit) if COMPILE_LINES.search(line)]
+    return [line[-300:] for line in lines][-12:]
+
+
+SEED_WITH_STORE = {
+    "model": "seed",
+    "vllm_server_load_format": "dummy",
+    "vllm_server_compile_cache_store": str(COMPILE_CACHE_STORE),
+}
 
 
 # ---- report -------------------------------------------------------------------------------------------------
