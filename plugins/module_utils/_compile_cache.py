@@ -3,11 +3,11 @@
 """An instance's compile cache as one archive that identical hosts share, and the key that says which hosts those are.
 
 vLLM keeps what it compiles for a model (torch.compile's artifacts, Inductor's, Triton's and DeepGEMM's kernels)
-under VLLM_CACHE_ROOT, which the server role sets per vLLM release and catalog entry. A host that starts the entry
-with that directory filled compiles nothing. The archive carries its key (KEY.json, its first member): the vLLM
-release, the entry, the serve command less its address, and the device (each GPU's model, driver and compute
-capability, or the CPU's model and instruction set), and vLLM's own variables in the unit's environment, by which vLLM
-keys its compile cache too. A host imports an archive only when its own key is the same.
+under VLLM_CACHE_ROOT, which the server role sets per vLLM release and catalog entry. A start that finds that
+directory filled does not compile again what it holds. The archive carries its key (KEY.json, its first member):
+the vLLM release, the entry, the serve command less its address, the device (each GPU's model, driver and compute
+capability, or the CPU's model and instruction set), and vLLM's own variables in the unit's environment, by which
+vLLM keys its compile cache too. A host imports an archive only when its own key is the same.
 """
 
 from __future__ import annotations

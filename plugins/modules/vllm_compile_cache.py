@@ -12,7 +12,7 @@ author: llmops.vllm contributors (@llmops-vllm)
 description:
   - vLLM compiles a model at its first start (torch.compile, Inductor and Triton kernels, DeepGEMM's JIT warm-up)
     into the directory C(VLLM_CACHE_ROOT), which the C(vllm_server) role sets per vLLM release and catalog entry
-    under the service's home. A host that starts the entry with that directory filled compiles nothing.
+    under the service's home. A start that finds that directory filled does not compile again what it holds.
   - The module reads the instance's record, its unit file with its drop-ins and its C(EnvironmentFile) to find
     the directory and the cache's key - the vLLM release, the catalog entry, the serve command less C(--host) and
     C(--port), vLLM's own variables (C(VLLM_*)) in the unit's environment less its address, port, key and cache
