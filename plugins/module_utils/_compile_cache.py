@@ -17,7 +17,6 @@ import io
 import json
 import os
 import re
-import shlex
 import shutil
 import tarfile
 import tempfile
@@ -39,15 +38,6 @@ PRIVATE_DIRECTORY_MODE = 0o700
 
 class CompileCacheError(ValueError):
     """An archive or a unit that cannot be used, with what to do."""
-
-
-def exec_start_argv(unit_text: str) -> list[str]:
-    """The argv of the unit file's ExecStart= line, as the server role writes it (systemd's quoting)."""
-    for line in unit_text.splitlines():
-        if line.startswith("ExecStart="):
-            argv = shlex.split(line[len("ExecStart=") :])
-            return [arg.replace("$$", "$").replace("%%", "%") for arg in argv]
-    raise CompileCacheError("the unit file has no ExecStart= line")
 
 
 def command_digest(argv: list[str]) -> str:

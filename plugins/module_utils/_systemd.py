@@ -40,6 +40,15 @@ def exec_line(args):
     return " ".join(exec_arg(arg) for arg in args)
 
 
+def unit_file_exec_start(text):
+    """The argv of a unit file's ExecStart= line, as exec_line wrote it: quotes and `\\` escapes undone, `%%` and `$$`
+    read as the literal `%` and `$`."""
+    for line in text.splitlines():
+        if line.startswith("ExecStart="):
+            return [arg.replace("$$", "$").replace("%%", "%") for arg in shlex.split(line[len("ExecStart=") :])]
+    raise SystemdSyntaxError("the unit file has no ExecStart= line")
+
+
 def environment_line(name, value):
     """`NAME="value"` for an EnvironmentFile, read back by systemd exactly as `value`."""
     if not isinstance(name, str) or not ENVIRONMENT_NAME.match(name):

@@ -140,7 +140,6 @@ from ansible_collections.llmops.vllm.plugins.module_utils._compile_cache import 
     contents,
     cpu_device,
     cuda_device,
-    exec_start_argv,
     key_differences,
     owner_of_nearest,
     read_key,
@@ -158,6 +157,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._instance_record impor
 from ansible_collections.llmops.vllm.plugins.module_utils._systemd import (
     parse_environment_directives,
     parse_environment_file,
+    unit_file_exec_start,
 )
 from ansible_collections.llmops.vllm.plugins.module_utils._unit import UNIT_DIRS, drop_ins_on_disk
 
@@ -203,7 +203,7 @@ def instance_cache(module: AnsibleModule) -> tuple[str, dict]:
             "llmops.vllm; deploy it again (playbooks/deploy.yml)"
         )
     device = device_part(module, params["device"], record["gpus"])
-    key = cache_key(record, exec_start_argv(unit_text), environment, device)
+    key = cache_key(record, unit_file_exec_start(unit_text), environment, device)
     return environment[CACHE_VARIABLE], key
 
 

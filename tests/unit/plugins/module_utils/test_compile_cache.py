@@ -17,7 +17,6 @@ from ansible_collections.llmops.vllm.plugins.module_utils._compile_cache import 
     cpu_device,
     cuda_device,
     environment_digest,
-    exec_start_argv,
     key_differences,
     read_key,
     unpack,
@@ -28,21 +27,6 @@ RECORD = {"vllm_version": "0.26.0", "model": "minimax_m25"}
 H200 = "0, NVIDIA H200, 580.159.04, 9.0\n1, NVIDIA H200, 580.159.04, 9.0\n"
 ENVIRONMENT = {"HOME": "/var/lib/vllm", "VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_API_KEY": "k"}
 ARGV = ["/opt/vllm/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m/x", "--port", "8000"]
-
-
-def test_the_serve_command_is_read_as_systemd_would_from_the_unit_file():
-    unit = '[Service]\nExecStart=/opt/vllm/venv/bin/python -m vllm "--served-model-name" "a b" --x 50%%\nUser=vllm\n'
-    assert exec_start_argv(unit) == [
-        "/opt/vllm/venv/bin/python",
-        "-m",
-        "vllm",
-        "--served-model-name",
-        "a b",
-        "--x",
-        "50%",
-    ]
-    with pytest.raises(CompileCacheError, match="no ExecStart"):
-        exec_start_argv("[Service]\nUser=vllm\n")
 
 
 def test_hosts_that_differ_only_in_their_address_share_a_key():

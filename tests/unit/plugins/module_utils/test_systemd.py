@@ -10,6 +10,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._systemd import (
     parse_environment_directives,
     parse_environment_file,
     parse_environment_files_property,
+    unit_file_exec_start,
 )
 
 
@@ -38,6 +39,26 @@ def test_exec_line_keeps_each_argument_whole():
         ["/opt/vllm/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--chat-template", "{{ x }} y"]
     )
     assert line == '/opt/vllm/venv/bin/python -m vllm.entrypoints.openai.api_server --chat-template "{{ x }} y"'
+
+
+def test_the_serve_command_is_read_as_systemd_would_from_the_unit_file():
+    unit = '[Service]\nExecStart=/opt/vllm/venv/bin/python -m vllm "--served-model-name" "a b" --x 50%%\nUser=vllm\n'
+    assert unit_file_exec_start(unit) == [
+        "/opt/vllm/venv/bin/python",
+        "-m",
+        "vllm",
+        "--served-model-name",
+        "a b",
+        "--x",
+        "50%",
+    ]
+    with pytest.raises(SystemdSyntaxError, match="no ExecStart"):
+        unit_file_exec_start("[Service]\nUser=vllm\n")
+
+
+def test_a_unit_file_s_exec_start_reads_back_every_argument_exec_line_wrote():
+    argv = ["/bin/echo", ";", "50%", "$HOME", 'say "hi"', "back\\slash", "{{ x }} y", ""]
+    assert unit_file_exec_start(f"[Service]\nExecStart={exec_line(argv)}\n") == argv
 
 
 def test_exec_line_refuses_newlines_and_empty_commands():
