@@ -80,6 +80,12 @@ CONFIG_DIR = Path("/etc/vllm")
 SERVICE_HOME = Path("/var/lib/vllm")
 # The controller's compile cache store (vllm_server_compile_cache_store); the controller is this host.
 COMPILE_CACHE_STORE = Path("/var/lib/llmops-gpu-host/compile-cache")
+# The seed-shaped model's deploy: random weights, its compile cache published to and taken from the store.
+SEED_WITH_STORE = {
+    "model": "seed",
+    "vllm_server_load_format": "dummy",
+    "vllm_server_compile_cache_store": str(COMPILE_CACHE_STORE),
+}
 # What a start that compiles or JIT-builds kernels writes in the journal (and one that loads them does not).
 COMPILE_LINES = re.compile(r"Compiling a graph for compile range|Directly load|torch\.compile took|DeepGEMM warmup")
 SECRETS_FILE = "secrets.json"
@@ -946,9 +952,9 @@ def step_fleet_seed(results: Results, host: GpuHost, args):
     start_seed published in the store; deploy.yml unpacks it before the unit starts."""
     if not stored_archives():
         raise RuntimeError("the compile cache store holds no archive: run start_seed first")
-    host.exec("systemctl", "stop", unit_of("seed"), timeout=180)
-    shutil.rmtree(SERVICE_HOME / ".cache" / "vllm", ignore_errors=True)
     unit = unit_of("seed")
+    host.exec("systemctl", "stop", unit, timeout=180)
+    shutil.rmtree(SERVICE_HOME / ".cache" / "vllm", ignore_errors=True)
     outcome = run_step(results, host, "fleet_seed", "deploy_with_store", "deploy.yml", SEED_WITH_STORE, unit=unit,
                        timeout=900)  # fmt: skip
     unpacked = [result.get("msg") for result in results_of(outcome["report"], "vllm_compile_cache")]
@@ -1004,13 +1010,6 @@ def compile_lines(host: GpuHost, since: float, unit: str) -> list[str]:
     gives its time), since `since`."""
     lines = [line for line in host.journal(since, unit) if COMPILE_LINES.search(line)]
     return [line[-300:] for line in lines][-12:]
-
-
-SEED_WITH_STORE = {
-    "model": "seed",
-    "vllm_server_load_format": "dummy",
-    "vllm_server_compile_cache_store": str(COMPILE_CACHE_STORE),
-}
 
 
 # ---- report -------------------------------------------------------------------------------------------------
