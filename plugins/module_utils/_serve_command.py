@@ -44,6 +44,9 @@ DEV_ENDPOINTS_GUARD = "llmops_vllm_dev_guard.LoopbackOnlyDevEndpoints"
 # --api-key does not guard /metrics either: in every server, this one answers it to the host itself and to the
 # readers that the vllm_targets role lists (docs/observability.md).
 METRICS_GUARD = "llmops_vllm_dev_guard.MetricsReaders"
+# In every server: 503 and Retry-After for a completion that vLLM aborted before answering any of it (a stopping
+# server aborts each request it takes while it drains), where vLLM answers 200 and an empty stream.
+RETRYABLE_ABORTS = "llmops_vllm_dev_guard.RetryableAborts"
 # In every server: a journal line for each request that the server did not finish, which a stop counts.
 CUT_OFF_ACCOUNTING = "llmops_vllm_dev_guard.CutOffRequests"
 
@@ -187,6 +190,8 @@ def build_serve_args(spec):
         "--host", _required_text(spec, "host"),
         "--port", str(port),
         "--middleware", METRICS_GUARD,
+        # vLLM adds each later middleware around the earlier ones: the account sees the 503s.
+        "--middleware", RETRYABLE_ABORTS,
         "--middleware", CUT_OFF_ACCOUNTING,
     ]  # fmt: skip
     args += _layout_args(spec.get("layout") or {})

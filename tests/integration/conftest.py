@@ -41,7 +41,7 @@ MODULE_TIMEOUT = 900
 # Modules without fleet tests that run in the fleet lane, so that the two lanes take about as long. The alert tests
 # among them: their windows hold a restart of tiny, which the router tests' continuous load on every core slowed
 # past them when the two ran at once.
-FLEET_LANE_ALSO = ("test_observability.py", "test_sleep_mode.py")
+FLEET_LANE_ALSO = ("test_observability.py",)
 LANES = ("fleet", "host")
 
 
@@ -150,6 +150,8 @@ def unfolded(proc: subprocess.CompletedProcess) -> str:
 def remove_instances(host: LocalHost, *instances: str) -> None:
     """Stop the instances and remove their records, environments, units and weights: the host as before them."""
     for instance in instances:
+        if host.sh(f"test -e {host.config_dir}/{instance}.json", check=False).returncode:
+            continue  # never deployed here
         stopped = host.module(
             "llmops.vllm.vllm_service", instance=instance, config_dir=host.config_dir, state="stopped"
         )
@@ -159,6 +161,16 @@ def remove_instances(host: LocalHost, *instances: str) -> None:
             f"/etc/systemd/system/vllm-{instance}.service /var/lib/vllm/models/{instance}"
         )
     host.sh("systemctl daemon-reload")
+
+
+def engine_gauge(host: LocalHost, url: str, name: str) -> float:
+    """vLLM's gauge `name` (summed over its labels) from the /metrics of the instance at `url`, read on `host`,
+    which that endpoint answers."""
+    script = (
+        "import re, sys, urllib.request; text = urllib.request.urlopen(sys.argv[1] + '/metrics').read().decode();"
+        " print(sum(float(v) for v in re.findall('^' + re.escape(sys.argv[2]) + r'{[^}]*} (\\S+)$', text, re.M)))"
+    )
+    return float(host.sh(f"python3 -c {shlex.quote(script)} {shlex.quote(url)} {shlex.quote(name)}").stdout)
 
 
 # Until the stand-in answers at all (its 401 to a request without the token is an answer).

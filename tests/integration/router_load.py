@@ -62,8 +62,12 @@ class StreamingLoad:
     def __exit__(self, *exc_info) -> None:
         self.stop()
 
-    def stop(self) -> None:
+    def stop_sending(self) -> None:
+        """Send no new request; those in flight go on to their end."""
         self._stop.set()
+
+    def stop(self) -> None:
+        self.stop_sending()
         for thread in self._threads:
             thread.join(REQUEST_TIMEOUT + 10)
 

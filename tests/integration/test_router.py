@@ -6,22 +6,25 @@ router from this machine, another address, and counts what it gets; the router's
 the key check from other hosts, a second run that changes nothing, status.yml, a rollout of both hosts to tiny_v2
 (same served name) under load, a killed engine core under load, stop.yml of the second host under load, the
 refusals before any change (a router that does not answer, an instance without a record), and a swap of the one
-host left behind the router, whose gap the client measures. The figures go to docs/fleet.md.
+host left behind the router, whose gap the client measures. The figures go to benchmarks/results/router-local-hosts.md.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
+import shlex
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from .conftest import Fleet, LocalHost, deploy_tiny, remove_instances, unfolded
+from .conftest import Fleet, LocalHost, deploy_tiny, engine_gauge, remove_instances, unfolded
 from .router_load import StreamingLoad
 
 CATALOG = json.dumps({"vllm_catalog_paths": [str(Path(__file__).resolve().parent / "catalog")]})
@@ -45,6 +48,13 @@ UNIT = "vllm-router.service"
 LOAD_PAUSE = 0.5
 # Seconds the router's counts may take to hold a request that the client has seen answered.
 METRICS_CATCH_UP = 10
+# Streams in flight on an instance that is stopped, long enough that it drains for several seconds (tiny_v2 runs
+# 32 at once; its drain ends at 10 s), and the completions the router's client gets meanwhile.
+DRAIN_STREAMS = 32
+DRAIN_TOKENS = 2000
+ROUTED_DURING_DRAIN = 6
+# What vLLM logs as it begins to drain its requests at a stop (0.32).
+VLLM_DRAINING = "[shutdown] API server: stopping engine client mode=drain"
 
 
 @dataclass
@@ -91,10 +101,10 @@ class Routed:
             time.sleep(0.2)
 
     def metrics(self) -> dict:
-        """The router's own counts for /v1/completions, and each worker's processed requests."""
+        """The router's own counts for /v1/completions, its retries, and each worker's processed requests."""
         with urllib.request.urlopen(self.metrics_url + "/metrics", timeout=10) as response:
             text = response.read().decode()
-        counts = {"requests": 0, "errors": 0, "workers": {}}
+        counts = {"requests": 0, "errors": 0, "retries": 0, "workers": {}}
         for line in text.splitlines():
             sample = re.match(r"^(vllm_router_\w+)\{([^}]*)\} (\S+)$", line)
             if not sample:
@@ -108,12 +118,41 @@ class Routed:
                 counts["requests"] += int(value)
             elif name == "vllm_router_request_errors_total" and labels.get("route") == "/v1/completions":
                 counts["errors"] += int(value)
+            elif name == "vllm_router_retries_total":
+                counts["retries"] += int(value)
             elif name == "vllm_router_processed_requests_total":
                 counts["workers"][labels["worker"]] = int(value)
         return counts
 
     def load(self, **kwargs) -> StreamingLoad:
         return StreamingLoad(self.url, "tiny", self.router_host.api_key, **{"pause": LOAD_PAUSE, **kwargs})
+
+
+def settled_count(host: LocalHost, unit: str, since: float, text: str) -> int:
+    """The journal lines of `unit` since `since` that hold `text`, once the unit has stopped and two reads a
+    moment apart agree (journald writes what a process wrote as it can)."""
+    count = f"journalctl -u {unit} --since @{int(since)} -o cat --no-pager | grep -cF {shlex.quote(text)}"
+    script = (
+        f"for _ in $(seq 600); do case $(systemctl show -p ActiveState --value {unit}) in"
+        " active|deactivating) sleep 0.1;; *) break;; esac; done; last=-1"
+        f'; for _ in $(seq 50); do now=$({count}); [ "$now" = "$last" ] && echo $now && exit; last=$now'
+        "; sleep 0.2; done; exit 1"
+    )
+    return int(host.sh(script, timeout=120).stdout)
+
+
+def completion_answer(url: str, key: str) -> tuple[int, str | None, str]:
+    """(status, Retry-After, body) of one streamed completion sent straight to an instance from this machine."""
+    body = {"model": "tiny", "prompt": "Draining", "max_tokens": 4, "stream": True}
+    target = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+    try:
+        headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+        connection.request("POST", "/v1/completions", json.dumps(body), headers)
+        response = connection.getresponse()
+        return response.status, response.getheader("Retry-After"), response.read().decode()
+    finally:
+        connection.close()
 
 
 def status_of(url: str, path: str, key: str | None = None, method: str = "GET") -> int:
@@ -220,7 +259,7 @@ def test_status_yml_shows_the_router_its_workers_and_their_health(routed):
 
 
 def test_a_rollout_of_both_hosts_behind_the_router_loses_no_request(routed):
-    """Issue 27, 3(a): each host in turn leaves the router, drains, stops, starts tiny_v2 and comes back."""
+    """Each host in turn leaves the router, drains, stops, starts tiny_v2 and comes back."""
     before = routed.metrics()
     started = time.monotonic()
     with routed.load() as load:
@@ -243,8 +282,55 @@ def test_a_rollout_of_both_hosts_behind_the_router_loses_no_request(routed):
     ]
 
 
+def test_a_request_that_reaches_a_draining_instance_is_answered_by_the_other_host(routed):
+    """vLLM takes requests while it drains at a stop, and its engine aborts each one: the server answers them 503
+    with Retry-After, not 200 and an empty stream, and the router sends them again to the other host. The router
+    still lists the draining instance here, as it does for a request it sent just before the instance left it."""
+    second = routed.fleet.hosts[1]
+    draining_url = routed.worker_url(second)
+    # The instance the router lists on the second host: tiny_v2 after the rollout, tiny when run alone.
+    unit = second.sh("systemctl list-units --state=active --plain --no-legend 'vllm-tiny*.service'").stdout.split()[0]
+    in_flight = StreamingLoad(draining_url, "tiny", second.api_key, concurrency=DRAIN_STREAMS, max_tokens=DRAIN_TOKENS)
+    before = routed.metrics()
+    with in_flight:
+        deadline = time.monotonic() + 120
+        while engine_gauge(second, draining_url, "vllm:num_requests_running") < DRAIN_STREAMS // 2:
+            assert time.monotonic() < deadline, f"{DRAIN_STREAMS // 2} streams were not running within 120 s"
+            time.sleep(0.2)
+        in_flight.stop_sending()
+        stop_asked = time.time()
+        second.sh(f"systemctl stop --no-block {unit}")
+        second.sh(
+            f"for _ in $(seq 300); do journalctl -u {unit} --since @{int(stop_asked)} -o cat --no-pager"
+            f" | grep -qF {shlex.quote(VLLM_DRAINING)} && exit; sleep 0.1; done; exit 1",
+            timeout=60,
+        )
+        status, retry_after, body = completion_answer(draining_url, second.api_key)
+        with routed.load(concurrency=2, pause=0) as load:
+            load.wait_for_successes(ROUTED_DURING_DRAIN, timeout=60)
+        routed_until = max(record.ended for record in load.snapshot())
+    drained = [record for record in in_flight.snapshot() if record.ended > routed_until]
+    after = routed.metrics_after(load, before)
+    refusals = settled_count(second, unit, stop_asked, ", status 503, ")
+    print(
+        f"requests sent to a draining instance: direct answer {status}, router client {load.counts()}, "
+        f"router {after['retries'] - before['retries']} retries, {refusals} answered 503 by the draining server"
+    )
+    second.sh(f"systemctl start {unit}")
+    deadline = time.monotonic() + 400
+    while not routed.health().get(draining_url):
+        assert time.monotonic() < deadline, "the restarted worker did not come back healthy within 400 s"
+        time.sleep(1)
+    assert (status, retry_after) == (503, "1") and json.loads(body)["error"]["code"] == 503, body
+    # The server was still draining, its streams going, when the router's client had its answers.
+    assert drained, "the draining server's streams all ended before the router's requests"
+    assert_nothing_lost(load, before, after)
+    # Besides the direct request, the router's attempts at the draining server: answered 503, and sent again.
+    assert refusals >= 2 and after["retries"] - before["retries"] >= refusals - 1, (refusals, before, after)
+
+
 def test_a_killed_engine_core_under_load_leaves_the_router_within_its_health_check_bound(routed):
-    """Issue 27, 3(c): the requests in flight on the killed engine fail, a bounded number; then none does."""
+    """The requests in flight on the killed engine fail, a bounded number; then none does."""
     second = routed.fleet.hosts[1]
     killed_url = routed.worker_url(second)
     main_pid = second.sh("systemctl show -p MainPID --value vllm-tiny_v2.service").stdout.strip()
@@ -276,14 +362,14 @@ def test_a_killed_engine_core_under_load_leaves_the_router_within_its_health_che
         f"last failed request started {last_failure} s after the kill"
     )
     assert unhealthy_at - killed_at <= HEALTH_BOUND + 2
-    # Bounded (issue 27 asks for a count, not for zero): what was in flight on the killed engine, and what the
+    # Bounded, not zero: what was in flight on the killed engine, and what the
     # router sent it before it knew, less what it retried on the other worker.
     assert len(failures) <= load.concurrency * 4, counts
     assert all(record.started - killed_at <= HEALTH_BOUND + 2 for record in failures), last_failure
 
 
 def test_stop_yml_of_one_host_behind_the_router_loses_no_request(routed):
-    """Issue 27, 3(b): the second host leaves the router, drains and stops; the first serves every request."""
+    """The second host leaves the router, drains and stops; the first serves every request."""
     second = routed.fleet.hosts[1]
     before = routed.metrics()
     started = time.monotonic()
@@ -301,7 +387,7 @@ def test_stop_yml_of_one_host_behind_the_router_loses_no_request(routed):
 
 
 def test_a_router_that_does_not_answer_refuses_a_swap_and_a_stop_before_any_change(routed):
-    """Issue 27, 5: nothing is stopped that the router would still send requests to."""
+    """Nothing is stopped that the router would still send requests to."""
     first = routed.router_host
     pid = first.sh("systemctl show -p MainPID --value vllm-tiny_v2.service").stdout.strip()
     first.sh(f"systemctl stop {UNIT}")
@@ -331,7 +417,7 @@ def test_an_instance_that_no_record_names_is_refused_before_any_change(routed):
 
 
 def test_one_host_behind_the_router_swapped_gives_clients_a_clear_retryable_answer(routed):
-    """Issue 27, 4: with its one worker out, the router answers 503 at once; never a refused connection."""
+    """With its one worker out, the router answers 503 at once; never a refused connection."""
     first = routed.router_host
     with routed.load(retry_503=True) as load:
         load.wait_for_successes(6, timeout=120)

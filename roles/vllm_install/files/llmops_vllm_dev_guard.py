@@ -22,6 +22,12 @@ rather than from a count read at an instant before it (vLLM's gauges lag, and re
 On ACCOUNT_SIGNAL it writes the same line for each request it is still answering, then ACCOUNTED: a stop asks for
 that before it kills a server that will not end its answers itself (an API server that outlived its engine).
 
+RetryableAborts, in every server: a completion that a stopping or pausing vLLM did not serve gets 503 with
+Retry-After, which clients and vLLM's router retry (on another instance where there is one). vLLM itself answers
+200 and an empty stream (or a completion with no text) for a request its engine aborted before the first token,
+which a client takes for an answer; and 500 for a request that arrives while it drains at a stop, when its
+executors are already shut down.
+
 uvicorn takes the client address from X-Forwarded-For only when the request comes from 127.0.0.1 (its
 forwarded_allow_ips default), so a proxy on the host that sets that header keeps its clients remote here; a
 proxy that does not set it makes every client look local, and must refuse these paths itself.
@@ -80,6 +86,26 @@ FINISHING_PATHS = ("/v1/completions", "/v1/chat/completions")
 FINISH_REASON = re.compile(rb'"finish_reason":\s*"([a-z_]+)"')
 # vLLM's finish reasons for an answer it did not finish.
 NOT_FINISHED = (b"abort", b"error")
+
+
+# The answer of RetryableAborts, in the shape of vLLM's own errors.
+ABORTED_REFUSAL = json.dumps(
+    {
+        "error": {
+            "message": "The server aborted this request before answering any of it: it is stopping or going to"
+            " sleep. Send it again (to another instance where there is one).",
+            "type": "ServiceUnavailableError",
+            "param": None,
+            "code": 503,
+        }
+    }
+).encode("utf-8")
+# Seconds a refused client is asked to wait before it sends the request again.
+ABORTED_RETRY_AFTER = b"1"
+# Body messages RetryableAborts holds back at most while they show neither a token nor a finish reason.
+ABORT_HOLD_LIMIT = 4
+# The error of a request that a stopping vLLM could not begin (Python's executors, once shut down, say this).
+SHUT_DOWN = b"cannot schedule new futures after shutdown"
 
 
 def _address(host):
@@ -286,3 +312,124 @@ def _write_cut_off(path, answer, started, how):
         f"finish reason {reason}) started {started:.3f}\n"
     )
     sys.stderr.flush()
+
+
+STREAM_END = b"[DONE]"
+
+
+def _payloads(body: bytes) -> list:
+    """The payloads of one body message: each event of a stream (its data: lines), or a whole JSON answer."""
+    text = body.strip()
+    if not text.startswith(b"data:"):
+        return [text] if text else []
+    return [line.removeprefix(b"data:").strip() for line in text.splitlines() if line.strip()]
+
+
+def _choice_verdict(choice) -> str | None:
+    """ "unserved" (vLLM aborted it), "served" (a token or another finish reason), or None (the role alone)."""
+    if not isinstance(choice, dict) or not isinstance(choice.get("delta") or {}, dict):
+        return "served"
+    if choice.get("finish_reason") == "abort":
+        return "unserved"
+    delta = choice.get("delta") or {}
+    if choice.get("finish_reason") or choice.get("text") or any(value for key, value in delta.items() if key != "role"):
+        return "served"
+    return None
+
+
+def serve_verdict(body: bytes):
+    """What one body message of a completion shows, by its first payload that tells, when nothing served came before
+    it: "unserved" (vLLM aborted it, or its stream ended, before any token), "served" (a token, another finish
+    reason, an error, anything unknown: the client must have it), or None (nothing yet: a chat stream's first chunk
+    names the role alone; a usage chunk)."""
+    for payload in _payloads(body):
+        if payload == STREAM_END:
+            return "unserved"
+        try:
+            event = json.loads(payload)
+        except ValueError:
+            return "served"
+        choices = event.get("choices") if isinstance(event, dict) else None
+        if not isinstance(choices, list) or "error" in event:
+            return "served"
+        for choice in choices:
+            verdict = _choice_verdict(choice)
+            if verdict:
+                return verdict
+    return None
+
+
+class RetryableAborts:
+    """Answer 503, with ABORTED_REFUSAL and Retry-After, for a completion (POST FINISHING_PATHS) that vLLM did not
+    serve: a 200 whose body ends, or says vLLM aborted it, before any token; or an error because vLLM is shutting
+    down (raised before any answer, or answered 500). Until that is known, the response's start and the body
+    messages without a token (a chat stream's role chunk) are held back, at most ABORT_HOLD_LIMIT of them; what
+    vLLM sends after a refusal is dropped. Any other answer passes as vLLM sends it."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("method") != "POST" or _path(scope).rstrip("/") not in FINISHING_PATHS:
+            return await self.app(scope, receive, send)
+        held = []
+        state = {"holding": True, "refused": False}
+
+        async def release():
+            state["holding"] = False
+            for message in held:
+                await send(message)
+            held.clear()
+
+        async def guarded_send(message):
+            if state["refused"]:
+                return
+            if not state["holding"]:
+                return await send(message)
+            held.append(message)
+            if message["type"] == "http.response.start":
+                if message["status"] not in (200, 500):
+                    await release()
+                return
+            verdict = None
+            if message["type"] == "http.response.body":
+                body = message.get("body") or b""
+                if held[0]["status"] == 500:
+                    verdict = "unserved" if SHUT_DOWN in body else "served"
+                else:
+                    verdict = serve_verdict(body)
+            ended = message["type"] == "http.response.body" and not message.get("more_body", False)
+            if verdict == "unserved" or (ended and verdict is None):
+                state["refused"] = True
+                held.clear()
+                return await _refuse_aborted(send)
+            if verdict == "served" or len(held) > ABORT_HOLD_LIMIT:
+                await release()
+
+        try:
+            await self.app(scope, receive, guarded_send)
+        except Exception as error:
+            # Raised before any answer, a 500 that the server's outermost layer writes, beyond this middleware.
+            if SHUT_DOWN.decode() not in str(error) or not state["holding"]:
+                raise
+            state["refused"] = True
+            held.clear()
+            await _refuse_aborted(send)
+        finally:
+            if held and not state["refused"]:
+                await release()
+
+
+async def _refuse_aborted(send):
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 503,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(ABORTED_REFUSAL)).encode()),
+                (b"retry-after", ABORTED_RETRY_AFTER),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": ABORTED_REFUSAL})

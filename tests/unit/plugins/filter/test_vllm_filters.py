@@ -18,6 +18,7 @@ def test_serve_args_and_exec_line_compose():
     )
     assert line.endswith(
         "--port 8000 --middleware llmops_vllm_dev_guard.MetricsReaders"
+        " --middleware llmops_vllm_dev_guard.RetryableAborts"
         " --middleware llmops_vllm_dev_guard.CutOffRequests --tensor-parallel-size 1"
     )
 

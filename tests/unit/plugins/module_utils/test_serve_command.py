@@ -22,6 +22,9 @@ BASE_ARGS = [
     # In every server: /metrics for the host itself and its listed readers alone (docs/observability.md).
     "--middleware",
     "llmops_vllm_dev_guard.MetricsReaders",
+    # In every server: 503 for a completion aborted before any of it was answered, inside the account below.
+    "--middleware",
+    "llmops_vllm_dev_guard.RetryableAborts",
     # In every server: a journal line for each request it did not finish, which a stop counts.
     "--middleware",
     "llmops_vllm_dev_guard.CutOffRequests",
