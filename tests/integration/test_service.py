@@ -204,9 +204,10 @@ def test_a_first_prompt_of_one_or_two_tokens_serves_after_a_fresh_start(serving)
     succeeded(service(serving, "restarted", load_timeout=300))
     for prompt in ("a", "ab"):
         record = one_completion(serving, prompt)
-        expected = {"status": 200, "chunks": 16, "tokens": 16, "done": True, "finish_reason": "length", "error": None}
+        expected = {"status": 200, "tokens": 16, "done": True, "finish_reason": "length", "error": None}
         assert record == {**record, **expected}
-        assert record["prompt_tokens"] <= 2
+        # vLLM streams a chunk per token, or fewer when its API server falls behind the engine and merges them.
+        assert 1 <= record["chunks"] <= 16 and record["prompt_tokens"] <= 2
     assert unit_show(serving, "NRestarts", "ActiveState") == {"NRestarts": "0", "ActiveState": "active"}
 
 
