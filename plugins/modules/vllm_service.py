@@ -44,8 +44,8 @@ attributes:
     support: full
     details: The unit's active state before and after.
   idempotent:
-    support: full
-    details: O(state=restarted) always restarts.
+    support: partial
+    details: O(state=restarted) always restarts; the other states change nothing on a second run.
 options:
   name:
     description:

@@ -263,3 +263,10 @@ def test_no_url_is_computed_outside_the_instance_record():
         for text in strings(yaml.safe_load(path.read_text()))
     ]
     assert [(path.name, text) for path, text in texts if "http://" in text or "127.0.0.1" in text] == []
+
+
+def test_the_module_defaults_group_holds_every_module():
+    """group/llmops.vllm.vllm in module_defaults reaches each module of the collection."""
+    runtime = yaml.safe_load((ROOT / "meta" / "runtime.yml").read_text())
+    modules = sorted(path.stem for path in (ROOT / "plugins" / "modules").glob("*.py") if not path.stem.startswith("_"))
+    assert runtime["action_groups"]["vllm"] == modules
