@@ -1,6 +1,7 @@
 # Copyright: llmops.vllm contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The one way the modules write a file they own: only when it differs from what is wanted, and atomically."""
+"""The one way the modules write a file they own: only when it differs from what is wanted, atomically, through
+Ansible's atomic_move."""
 
 from __future__ import annotations
 
@@ -31,30 +32,45 @@ def differs(path: str, content: str | bytes, mode: int | None = None) -> bool:
     return status.st_mode & 0o7777 != mode or (os.geteuid() == 0 and (status.st_uid, status.st_gid) != (0, 0))
 
 
-def write_if_changed(path: str, content: str | bytes, mode: int | None = None, check_mode: bool = False) -> bool:
-    """Make the file hold `content` (text is written as UTF-8); True when it changed, or in check mode would.
+def write_if_changed(module, path: str, content: str | bytes, mode: int | None = None) -> bool:
+    """Make the file hold `content` (text is written as UTF-8); True when it changed, or in `module`'s check mode
+    would.
 
     With `mode`, the file gets that mode and, when root writes, root's ownership: an instance's files. Without,
-    a file that is new or rewritten gets the mode that the umask gives: reports.
-    Atomic: a reader sees the old file or the new one, never a part.
+    a new file gets the mode that the umask gives and a rewritten one keeps its own: reports.
+    Written through Ansible's atomic_move: a reader sees the old file or the new one, never a part, and the file
+    keeps its SELinux context (a new one gets its path's default), as files that Ansible's own modules write do.
     """
     if not differs(path, content, mode):
         return False
-    if check_mode:
+    if module.check_mode:
         return True
+    if mode is not None and os.path.exists(path):
+        _own(path, mode)  # atomic_move gives the new content the old file's mode and owner
     descriptor, scratch = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".llmops-", suffix=".tmp")
+    # atomic_move gives a file it creates the umask's mode: with `mode`, no wider than it, not for an instant.
+    umask = os.umask(0o777 & ~mode) if mode is not None else None
     try:
         with os.fdopen(descriptor, "wb") as scratch_file:
             scratch_file.write(_as_bytes(content))
-        os.chmod(scratch, _umask_mode() if mode is None else mode)
-        if mode is not None and os.geteuid() == 0:
-            os.chown(scratch, 0, 0)
-        os.replace(scratch, path)
+        module.atomic_move(scratch, path)
     except BaseException:
         if os.path.exists(scratch):
             os.unlink(scratch)
         raise
+    finally:
+        if umask is not None:
+            os.umask(umask)
+    if mode is not None:
+        _own(path, mode)
     return True
+
+
+def _own(path: str, mode: int):
+    """The file's mode, and root's ownership when root writes it."""
+    os.chmod(path, mode)
+    if os.geteuid() == 0:
+        os.chown(path, 0, 0)
 
 
 def _current_bytes(path: str) -> bytes | None:
@@ -67,10 +83,3 @@ def _current_bytes(path: str) -> bytes | None:
 
 def _as_bytes(content: str | bytes) -> bytes:
     return content.encode("utf-8") if isinstance(content, str) else content
-
-
-def _umask_mode() -> int:
-    """The mode open() gives a new file: mkstemp's 0600 would hide a report from its readers."""
-    umask = os.umask(0o022)
-    os.umask(umask)
-    return 0o666 & ~umask

@@ -16,7 +16,6 @@ import ipaddress
 import json
 import os
 
-from ansible_collections.llmops.vllm.plugins.module_utils._file_writer import write_if_changed
 from ansible_collections.llmops.vllm.plugins.module_utils._instances import INSTANCE_NAME
 from ansible_collections.llmops.vllm.plugins.module_utils._systemd import environment_file, parse_environment_file
 from ansible_collections.llmops.vllm.plugins.module_utils._vllm_api import check_base_url
@@ -240,11 +239,6 @@ def _read_text(path: str) -> str:
 def record_text(record: dict) -> str:
     """The record as its file holds it: the same record always gives the same bytes."""
     return json.dumps(record, indent=2, sort_keys=True) + "\n"
-
-
-def write_record(path: str, record: dict) -> bool:
-    """Write the record when it differs from the file's; True when it did."""
-    return write_if_changed(path, record_text(record), RECORD_MODE)
 
 
 def environment_text(unit: str, variables: dict) -> str:

@@ -279,8 +279,8 @@ def read_workers(path: str) -> list[str]:
         raise RouterError(f"The router's workers file {path} cannot be read ({error}); {FIX}") from error
 
 
-def write_workers(path: str, urls: list[str]) -> bool:
-    return write_if_changed(path, workers_text(urls), 0o644)
+def write_workers(module, path: str, urls: list[str]) -> bool:
+    return write_if_changed(module, path, workers_text(urls), 0o644)
 
 
 @contextmanager

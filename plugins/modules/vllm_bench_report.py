@@ -192,7 +192,7 @@ def main():
     for name, content in reports(results, formats):
         path = os.path.join(dest, name)
         files.append(path)
-        if write_if_changed(path, content, check_mode=module.check_mode):
+        if write_if_changed(module, path, content):
             written.append(path)
     module.exit_json(changed=bool(written), files=files, written=written, table=table)
 

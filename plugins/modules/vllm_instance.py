@@ -279,7 +279,7 @@ def main():
     diff = [file_diff(name, path, text) for name, path, text, _mode in changed]
     if not module.check_mode:
         for _name, path, text, mode in changed:
-            write_if_changed(path, text, mode)
+            write_if_changed(module, path, text, mode)
     module.exit_json(
         changed=bool(changed),
         changed_files=[name for name, *_rest in changed],

@@ -122,7 +122,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._router import (
 )
 
 
-def apply(api, record, to_remove, to_add, timeout):
+def apply(module, api, record, to_remove, to_add, timeout):
     """Take out, then add, on the running router; a failure part way says what the router lists now."""
     try:
         for url in to_remove:
@@ -134,7 +134,7 @@ def apply(api, record, to_remove, to_add, timeout):
             listed = api.worker_list()
         except RouterError:
             raise RouterError(f"{error}; what the router lists now is unknown") from error
-        write_workers(record["workers_file"], listed)
+        write_workers(module, record["workers_file"], listed)
         raise RouterError(f"{error}; the router lists {', '.join(listed) or 'no worker'} now") from error
 
 
@@ -163,8 +163,8 @@ def change_workers(module, params):
             file_changed = saved != after
         else:
             if running:
-                apply(api, record, to_remove, to_add, params["timeout"])
-            file_changed = write_workers(record["workers_file"], after)
+                apply(module, api, record, to_remove, to_add, params["timeout"])
+            file_changed = write_workers(module, record["workers_file"], after)
     return {
         "changed": bool(to_add or to_remove or file_changed),
         "workers_before": current,

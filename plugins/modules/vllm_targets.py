@@ -182,7 +182,7 @@ def main():
     if not module.check_mode:
         # A host without instances yet has no records' directory, where the file goes by default.
         os.makedirs(os.path.dirname(path), DIRECTORY_MODE, exist_ok=True)
-    changed = write_if_changed(path, text, READERS_MODE, check_mode=module.check_mode)
+    changed = write_if_changed(module, path, text, READERS_MODE)
     module.exit_json(
         changed=changed,
         diff=diff,

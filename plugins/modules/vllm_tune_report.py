@@ -184,7 +184,7 @@ def main():
     base = os.path.join(params["dest"], params["host"])
     contents = {f"{base}.json": json.dumps(report, indent=2, sort_keys=True) + "\n", f"{base}.md": table,
                 f"{base}.svg": plot}  # fmt: skip
-    changed = [write_if_changed(path, content, check_mode=module.check_mode) for path, content in contents.items()]
+    changed = [write_if_changed(module, path, content) for path, content in contents.items()]
     module.exit_json(
         changed=any(changed),
         winner=report["winner"],

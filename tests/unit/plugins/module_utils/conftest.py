@@ -1,6 +1,19 @@
 """Fixtures of the module_utils tests."""
 
 import pytest
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.testing import patch_module_args
+
+
+@pytest.fixture
+def ansible_module():
+    """`ansible_module(check_mode=False)`: a real AnsibleModule, for the helpers that write through its methods."""
+
+    def make(check_mode=False):
+        with patch_module_args({"_ansible_check_mode": check_mode}):
+            return AnsibleModule(argument_spec={}, supports_check_mode=True)
+
+    return make
 
 
 @pytest.fixture

@@ -3,8 +3,10 @@ import os
 
 import pytest
 
+from ansible_collections.llmops.vllm.plugins.module_utils._file_writer import write_if_changed
 from ansible_collections.llmops.vllm.plugins.module_utils._instance_record import (
     FIELDS,
+    RECORD_MODE,
     RecordError,
     api_key,
     build_record,
@@ -14,7 +16,6 @@ from ansible_collections.llmops.vllm.plugins.module_utils._instance_record impor
     record_path,
     record_text,
     remote_url,
-    write_record,
 )
 
 
@@ -87,12 +88,13 @@ def test_a_record_that_could_not_be_used_is_refused_before_it_is_written(changes
         build_record(fields(**changes))
 
 
-def test_writing_is_atomic_and_changes_nothing_the_second_time(tmp_path):
+def test_writing_is_atomic_and_changes_nothing_the_second_time(tmp_path, ansible_module):
     path = record_path(str(tmp_path), "tiny")
     record = build_record(fields())
-    assert write_record(path, record) is True
+    module = ansible_module()
+    assert write_if_changed(module, path, record_text(record), RECORD_MODE) is True
     before = os.stat(path)
-    assert write_record(path, record) is False
+    assert write_if_changed(module, path, record_text(record), RECORD_MODE) is False
     assert os.stat(path).st_mtime_ns == before.st_mtime_ns
     assert oct(before.st_mode & 0o777) == "0o644"
     assert [entry.name for entry in tmp_path.iterdir()] == ["tiny.json"]

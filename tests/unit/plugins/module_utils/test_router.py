@@ -165,11 +165,11 @@ class TestWorkers:
         with pytest.raises(RouterError, match="worker 'ftp://x': url must be"):
             plan_workers([], add=["ftp://x"])
 
-    def test_the_workers_file_round_trip(self, tmp_path):
-        path = str(tmp_path / "workers.json")
+    def test_the_workers_file_round_trip(self, tmp_path, ansible_module):
+        path, module = str(tmp_path / "workers.json"), ansible_module()
         assert read_workers(path) == []
-        assert write_workers(path, [self.A, self.B]) is True
-        assert write_workers(path, [self.A, self.B]) is False
+        assert write_workers(module, path, [self.A, self.B]) is True
+        assert write_workers(module, path, [self.A, self.B]) is False
         assert read_workers(path) == [self.A, self.B]
         (tmp_path / "workers.json").write_text("[1]")
         with pytest.raises(RouterError, match="cannot be read"):
