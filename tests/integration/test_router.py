@@ -283,9 +283,10 @@ def test_a_rollout_of_both_hosts_behind_the_router_loses_no_request(routed):
 
 
 def test_a_request_that_reaches_a_draining_instance_is_answered_by_the_other_host(routed):
-    """vLLM takes requests while it drains at a stop, and its engine aborts each one: the server answers them 503
-    with Retry-After, not 200 and an empty stream, and the router sends them again to the other host. The router
-    still lists the draining instance here, as it does for a request it sent just before the instance left it."""
+    """vLLM takes requests while it drains at a stop and serves none of them: the server answers them 503 with
+    Retry-After, not 500 or 200 and an empty stream, and the router sends them again. The router still lists the
+    draining instance here for the whole drain, as it does for a request it sent just before the instance left it;
+    a retry may then land on it again, and once the router's retries are spent the client gets the 503 itself."""
     second = routed.fleet.hosts[1]
     draining_url = routed.worker_url(second)
     # The instance the router lists on the second host: tiny_v2 after the rollout, tiny when run alone.
@@ -324,9 +325,13 @@ def test_a_request_that_reaches_a_draining_instance_is_answered_by_the_other_hos
     assert (status, retry_after) == (503, "1") and json.loads(body)["error"]["code"] == 503, body
     # The server was still draining, its streams going, when the router's client had its answers.
     assert drained, "the draining server's streams all ended before the router's requests"
-    assert_nothing_lost(load, before, after)
     # Besides the direct request, the router's attempts at the draining server: answered 503, and sent again.
-    assert refusals >= 2 and after["retries"] - before["retries"] >= refusals - 1, (refusals, before, after)
+    assert refusals >= 2 and after["retries"] > before["retries"], (refusals, before, after)
+    # What the client gets is a completion, or, once the router's retries (which may land on the draining server
+    # again while it lists it) are spent, the server's 503 itself: never a 200 without tokens, never a reset.
+    counts, failures = load.counts(), load.failures()
+    assert counts["succeeded"] >= ROUTED_DURING_DRAIN and (counts["truncated"], counts["no_answer"]) == (0, 0), counts
+    assert all(record.status == 503 and "ServiceUnavailableError" in record.body for record in failures), failures
 
 
 def test_a_killed_engine_core_under_load_leaves_the_router_within_its_health_check_bound(routed):
