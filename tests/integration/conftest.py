@@ -29,6 +29,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL_HOST = ROOT / "scripts" / "local-host.sh"
 HUB_STANDIN = ROOT / "tests" / "hub_standin.py"
+STREAM_CLIENTS = Path(__file__).with_name("stream_clients.py")
 API_KEY = "integration-api-key-9d2e"
 ENDPOINT = "http://127.0.0.1:8000"
 SMALL_FS = "/srv/small"
@@ -161,6 +162,11 @@ def remove_instances(host: LocalHost, *instances: str) -> None:
             f"/etc/systemd/system/vllm-{instance}.service /var/lib/vllm/models/{instance}"
         )
     host.sh("systemctl daemon-reload")
+
+
+def copy_stream_clients(host: LocalHost) -> None:
+    """tests/integration/stream_clients.py to /tmp on the host, where it runs with the host's own Python."""
+    host.sh(f"cat > /tmp/stream_clients.py <<'EOF'\n{STREAM_CLIENTS.read_text()}\nEOF")
 
 
 def engine_gauge(host: LocalHost, url: str, name: str) -> float:

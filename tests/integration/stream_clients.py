@@ -6,7 +6,8 @@ usage: python3 stream_clients.py BASE_URL MODEL API_KEY COUNT MAX_TOKENS OUTPUT_
 Each of COUNT threads sends one request after another and stops after the first one that does not complete
 with all MAX_TOKENS tokens (the server refused it, or cut it off). OUTPUT_JSON.streaming appears once every
 thread has received a chunk; OUTPUT_JSON then lists every request: HTTP status, chunks, completion tokens
-(from the usage chunk at the end), whether [DONE] came, the finish reason, the error if any.
+(from the usage chunk at the end), whether [DONE] came, the finish reason, the error if any, and for an error
+answer its Retry-After and the code of its error object.
 """
 
 import http.client
@@ -30,6 +31,8 @@ def new_record():
         "done": False,
         "finish_reason": None,
         "error": None,
+        "retry_after": None,
+        "error_code": None,
     }
 
 
@@ -50,12 +53,15 @@ def request(url, model, api_key, max_tokens, record, prompt="The server drains")
         connection.request("POST", "/v1/completions", json.dumps(body), headers)
         response = connection.getresponse()
         record["status"] = response.status
+        record["retry_after"] = response.getheader("Retry-After")
         for line in response:
             data = line.decode().strip().removeprefix("data: ")
             if data == "[DONE]":
                 record["done"] = True
             elif data.startswith("{"):
                 chunk = json.loads(data)
+                if isinstance(chunk.get("error"), dict):  # an error answer, or an error event in the stream
+                    record["error_code"] = chunk["error"].get("code")
                 for choice in chunk.get("choices") or []:
                     record["chunks"] += 1
                     record["finish_reason"] = choice.get("finish_reason") or record["finish_reason"]

@@ -18,10 +18,11 @@ from ansible_collections.llmops.vllm.plugins.module_utils._vllm_service import (
     STOP_POLL_INTERVAL,
 )
 
+from .conftest import copy_stream_clients
+
 UNIT = "vllm-tiny.service"
 UNIT_FILE = f"/etc/systemd/system/{UNIT}"
 DROP_IN = f"/etc/systemd/system/{UNIT}.d/test.conf"
-CLIENT = Path(__file__).with_name("stream_clients.py")
 # Tokens per streamed request: 3 streams of 500 take about 1 s on 2 cores, well inside tiny's 10 s drain.
 STREAM_TOKENS = 500
 # Streams kept going at once.
@@ -54,10 +55,6 @@ def unit_show(host, *properties):
 def session_processes(host, session):
     """`pid name` lines of the processes in a session."""
     return host.sh(f"ps -eo pid=,sid=,comm= | awk '$2 == {session} {{print $1, $3}}'").stdout.split("\n")[:-1]
-
-
-def copy_stream_clients(host):
-    host.sh(f"cat > /tmp/stream_clients.py <<'EOF'\n{CLIENT.read_text()}\nEOF")
 
 
 def start_streams(host, count, output, tokens=STREAM_TOKENS):

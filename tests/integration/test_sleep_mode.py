@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import engine_gauge, remove_instances
+from .conftest import copy_stream_clients, engine_gauge, remove_instances
 
 CATALOG = str(Path(__file__).resolve().parent / "catalog")
 CATALOG_ARG = json.dumps({"vllm_catalog_paths": [CATALOG]})
@@ -108,28 +108,6 @@ def test_other_hosts_reach_the_api_of_a_development_server_and_nothing_else(dev_
     assert status_of(host, "GET", remote + "/health") == "200"
 
 
-# Streamed completions at once from the host itself, each one's status, Retry-After and first 300 bytes as a JSON
-# line in OUTPUT once its answer has ended.
-CLIENTS_SCRIPT = """
-import http.client, json, sys, threading
-port, key, count, output = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
-lock = threading.Lock()
-def one():
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    body = {"model": "tiny_dev", "prompt": "Queued", "max_tokens": 2000, "ignore_eos": True, "stream": True}
-    headers = {"Authorization": "Bearer " + key, "Content-Type": "application/json"}
-    connection.request("POST", "/v1/completions", json.dumps(body), headers)
-    response = connection.getresponse()
-    record = {"status": response.status, "retry_after": response.getheader("Retry-After"),
-              "body": response.read().decode()[:300]}
-    with lock, open(output, "a") as out:
-        out.write(json.dumps(record) + "\\n")
-threads = [threading.Thread(target=one) for _ in range(count)]
-for thread in threads:
-    thread.start()
-for thread in threads:
-    thread.join()
-"""
 # Requests that wait behind the one that tiny_dev (one request at a time) runs.
 QUEUED = 3
 
@@ -139,25 +117,27 @@ def test_requests_that_vllm_aborts_before_their_first_token_are_answered_503(dev
     waiting ones before their first token: vLLM answers those 200 and an empty stream, the collection's middleware
     503 with Retry-After. The one running streams its tokens and ends cut off, as vLLM ends it."""
     host, local = dev_instance, "http://127.0.0.1:8002"
-    host.sh(f"rm -f /tmp/queued.jsonl; cat > /tmp/queued_clients.py <<'EOF'\n{CLIENTS_SCRIPT}\nEOF")
-    host.spawn(f"python3 /tmp/queued_clients.py 8002 {shlex.quote(host.api_key)} {QUEUED + 1} /tmp/queued.jsonl")
+    copy_stream_clients(host)
+    # Each client stream stops at its first request that does not stream every token: one request each here.
+    clients = f"/tmp/stream_clients.py {local} tiny_dev {shlex.quote(host.api_key)} {QUEUED + 1} 2000 /tmp/queued.json"
+    host.sh("rm -f /tmp/queued.json")
+    host.spawn(f"python3 {clients}")
     try:
         deadline = time.monotonic() + 60
         while engine_gauge(host, local, "vllm:num_requests_waiting") < QUEUED:
             assert time.monotonic() < deadline, f"{QUEUED} requests did not wait in the engine within 60 s"
             time.sleep(0.2)
         assert status_of(host, "POST", local + "/pause?mode=abort") == "200"
-        answered = f"[ $(cat /tmp/queued.jsonl 2>/dev/null | wc -l) -ge {QUEUED + 1} ]"
-        host.sh(f"for _ in $(seq 300); do {answered} && exit; sleep 0.1; done; exit 1")
+        host.sh("for _ in $(seq 300); do test -e /tmp/queued.json && exit; sleep 0.1; done; exit 1")
     finally:
         assert status_of(host, "POST", local + "/resume") == "200"
-    records = [json.loads(line) for line in host.sh("cat /tmp/queued.jsonl").stdout.splitlines()]
+    records = json.loads(host.sh("cat /tmp/queued.json").stdout)
     print(f"requests aborted by a pause: {[(record['status'], record['retry_after']) for record in records]}")
     refused = [record for record in records if record["status"] == 503]
     # The one running when the pause came streamed tokens; on a fast host the next may have begun as well.
     assert QUEUED - 1 <= len(refused) <= QUEUED, records
     for record in refused:
-        assert (record["retry_after"], json.loads(record["body"])["error"]["code"]) == ("1", 503), record
+        assert (record["retry_after"], record["error_code"], record["chunks"]) == ("1", 503, 0), record
     streamed = [record for record in records if record not in refused]
-    assert all(record["status"] == 200 and '"text":' in record["body"] for record in streamed), records
+    assert all(record["status"] == 200 and record["chunks"] >= 1 for record in streamed), records
     assert status_of(host, "GET", local + "/health") == "200"
