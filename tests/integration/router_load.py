@@ -2,8 +2,9 @@
 
 `StreamingLoad` keeps CONCURRENCY threads sending one streamed completion after another to a base URL until it is
 stopped, and records every request: when it started and ended, the HTTP status, the chunks and tokens received,
-whether [DONE] came, and the error. A request succeeded when it streamed every token it asked for and [DONE];
-one that got a 200 and less than that was truncated; one that got no HTTP answer at all was refused or reset.
+whether [DONE] came, and the error (with an error answer's body and Retry-After). A request succeeded when it
+streamed every token it asked for and [DONE]; one that got a 200 and less than that was truncated; one that got no
+HTTP answer at all was refused or reset.
 With `retry_503`, a thread that gets a 503 (the router has no worker to send to) sends the same request again
 after a short pause, as a client that honours the router's answer would. `pause` is each thread's time between
 two requests: a client that thinks, which leaves this 2-core machine's CPUs to the vLLM starts that the test waits
@@ -22,6 +23,8 @@ from dataclasses import dataclass, field
 
 # Seconds a request may take before the client gives up on it; far above a tiny completion's.
 REQUEST_TIMEOUT = 60
+# Characters of an error answer's body kept: the error objects of vLLM, the router and the collection whole.
+ERROR_BODY = 1000
 # Seconds between a 503 and the retry of the same request.
 RETRY_PAUSE = 0.2
 
@@ -36,6 +39,7 @@ class Request:
     done: bool = False
     error: str | None = None
     body: str = ""
+    retry_after: str | None = None
 
 
 @dataclass
@@ -92,8 +96,9 @@ class StreamingLoad:
             connection.request("POST", "/v1/completions", json.dumps(body), headers)
             response = connection.getresponse()
             record.status = response.status
+            record.retry_after = response.getheader("Retry-After")
             if response.status != 200:
-                record.body = response.read().decode("utf-8", "replace")[:200]
+                record.body = response.read().decode("utf-8", "replace")[:ERROR_BODY]
             else:
                 for line in response:
                     data = line.decode().strip().removeprefix("data: ")

@@ -11,13 +11,11 @@ host left behind the router, whose gap the client measures. The figures go to be
 
 from __future__ import annotations
 
-import http.client
 import json
 import re
 import shlex
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,20 +137,6 @@ def settled_count(host: LocalHost, unit: str, since: float, text: str) -> int:
         "; sleep 0.2; done; exit 1"
     )
     return int(host.sh(script, timeout=120).stdout)
-
-
-def completion_answer(url: str, key: str) -> tuple[int, str | None, str]:
-    """(status, Retry-After, body) of one streamed completion sent straight to an instance from this machine."""
-    body = {"model": "tiny", "prompt": "Draining", "max_tokens": 4, "stream": True}
-    target = urllib.parse.urlsplit(url)
-    connection = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
-    try:
-        headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
-        connection.request("POST", "/v1/completions", json.dumps(body), headers)
-        response = connection.getresponse()
-        return response.status, response.getheader("Retry-After"), response.read().decode()
-    finally:
-        connection.close()
 
 
 def status_of(url: str, path: str, key: str | None = None, method: str = "GET") -> int:
@@ -306,7 +290,7 @@ def test_a_request_that_reaches_a_draining_instance_is_answered_by_the_other_hos
             f" | grep -qF {shlex.quote(VLLM_DRAINING)} && exit; sleep 0.1; done; exit 1",
             timeout=60,
         )
-        status, retry_after, body = completion_answer(draining_url, second.api_key)
+        direct = StreamingLoad(draining_url, "tiny", second.api_key).send("Draining")
         with routed.load(concurrency=2, pause=0) as load:
             load.wait_for_successes(ROUTED_DURING_DRAIN, timeout=60)
         routed_until = max(record.ended for record in load.snapshot())
@@ -314,7 +298,7 @@ def test_a_request_that_reaches_a_draining_instance_is_answered_by_the_other_hos
     after = routed.metrics_after(load, before)
     refusals = settled_count(second, unit, stop_asked, ", status 503, ")
     print(
-        f"requests sent to a draining instance: direct answer {status}, router client {load.counts()}, "
+        f"requests sent to a draining instance: direct answer {direct.status}, router client {load.counts()}, "
         f"router {after['retries'] - before['retries']} retries, {refusals} answered 503 by the draining server"
     )
     second.sh(f"systemctl start {unit}")
@@ -322,7 +306,7 @@ def test_a_request_that_reaches_a_draining_instance_is_answered_by_the_other_hos
     while not routed.health().get(draining_url):
         assert time.monotonic() < deadline, "the restarted worker did not come back healthy within 400 s"
         time.sleep(1)
-    assert (status, retry_after) == (503, "1") and json.loads(body)["error"]["code"] == 503, body
+    assert (direct.status, direct.retry_after) == (503, "1") and json.loads(direct.body)["error"]["code"] == 503, direct
     # The server was still draining, its streams going, when the router's client had its answers.
     assert drained, "the draining server's streams all ended before the router's requests"
     # Besides the direct request, the router's attempts at the draining server: answered 503, and sent again.
