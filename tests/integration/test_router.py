@@ -84,6 +84,15 @@ class Routed:
     def worker_url(self, host: LocalHost) -> str:
         return f"http://{host.address}:8000"
 
+    def wait_serving(self, host: LocalHost, timeout: float = 400) -> None:
+        """Wait until the host's instance answers /health itself and the router lists it healthy: the router's
+        word alone may be one it gave before a restart (a unit of Type=exec is started before vLLM serves)."""
+        url = self.worker_url(host)
+        deadline = time.monotonic() + timeout
+        while not (status_of(url, "/health", fail_with=0) == 200 and self.health().get(url)):
+            assert time.monotonic() < deadline, f"{url} did not serve and show healthy at the router within {timeout} s"
+            time.sleep(1)
+
     def worker_urls(self) -> list[str]:
         """Both hosts' workers, in the order the modules give them (by URL)."""
         return sorted(map(self.worker_url, self.fleet.hosts))
@@ -139,8 +148,9 @@ def settled_count(host: LocalHost, unit: str, since: float, text: str) -> int:
     return int(host.sh(script, timeout=120).stdout)
 
 
-def status_of(url: str, path: str, key: str | None = None, method: str = "GET") -> int:
-    """The HTTP status of a request from this machine (another address than the router's)."""
+def status_of(url: str, path: str, key: str | None = None, method: str = "GET", fail_with: int | None = None) -> int:
+    """The HTTP status of a request from this machine (another address than the router's); where nothing answers,
+    `fail_with` if given, else the error is raised."""
     request = urllib.request.Request(url + path, method=method, data=b"" if method == "POST" else None)
     if key:
         request.add_header("Authorization", f"Bearer {key}")
@@ -149,6 +159,10 @@ def status_of(url: str, path: str, key: str | None = None, method: str = "GET") 
             return response.status
     except urllib.error.HTTPError as error:
         return error.code
+    except OSError:
+        if fail_with is None:
+            raise
+        return fail_with
 
 
 @pytest.fixture(scope="module")
@@ -302,10 +316,7 @@ def test_a_request_that_reaches_a_draining_instance_is_answered_by_the_other_hos
         f"router {after['retries'] - before['retries']} retries, {refusals} answered 503 by the draining server"
     )
     second.sh(f"systemctl start {unit}")
-    deadline = time.monotonic() + 400
-    while not routed.health().get(draining_url):
-        assert time.monotonic() < deadline, "the restarted worker did not come back healthy within 400 s"
-        time.sleep(1)
+    routed.wait_serving(second)
     assert (direct.status, direct.retry_after) == (503, "1") and json.loads(direct.body)["error"]["code"] == 503, direct
     # The server was still draining, its streams going, when the router's client had its answers.
     assert drained, "the draining server's streams all ended before the router's requests"
@@ -322,6 +333,7 @@ def test_a_killed_engine_core_under_load_leaves_the_router_within_its_health_che
     """The requests in flight on the killed engine fail, a bounded number; then none does."""
     second = routed.fleet.hosts[1]
     killed_url = routed.worker_url(second)
+    routed.wait_serving(second)
     main_pid = second.sh("systemctl show -p MainPID --value vllm-tiny_v2.service").stdout.strip()
     with routed.load() as load:
         load.wait_for_successes(6, timeout=120)
