@@ -31,7 +31,7 @@ REQUIREMENT_KEYS = ("min_compute_capability",)
 CATALOG_SUFFIXES = (".yml", ".yaml")
 SOURCE_KINDS = ("generated", "hub", "local")
 # The keys each kind of source takes. A mirror is not among them: where a fleet fetches from is a
-# deployment's choice (the vllm_weights role's vllm_weights_mirror), not a property of the model.
+# deployment's choice (the collection's vllm_mirror), not a property of the model.
 SOURCE_KEYS = {
     "hub": ("repo", "revision", "allow_patterns"),
     "local": ("path",),

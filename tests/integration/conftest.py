@@ -287,7 +287,7 @@ def fleet_hosts(local_host: LocalHost, tmp_path_factory) -> Fleet:
     inventory = tmp_path_factory.mktemp("fleet") / "hosts.yml"
     second_vars = {
         **HOST_VARS,
-        "vllm_server_config_dir": SECOND_CONFIG_DIR,
+        "vllm_config_dir": SECOND_CONFIG_DIR,
         "vllm_server_host": address,
         "vllm_worker_address": address,
     }

@@ -50,7 +50,7 @@ def test_user_entry_with_a_layout_that_cannot_load_fails_at_the_plan(tmp_path, h
     facts.write_text(json.dumps({"vllm_gpus": pcie_box(), "vllm_preflight_nvidia_devices": []}))
     proc = deploy(
         tmp_path, "-e", "model=my_minimax", "-e", f"vllm_catalog_paths={catalog}",
-        "-e", f"vllm_weights_hub_endpoint={endpoint}", "-e", f"@{facts}",
+        "-e", f"vllm_hub_endpoint={endpoint}", "-e", f"@{facts}",
     )  # fmt: skip
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0, output
@@ -84,7 +84,7 @@ def test_one_hub_token_reaches_the_plan_and_the_download(tmp_path, hub_server):
     )
     proc = deploy(
         tmp_path, "--tags", "preflight", "-e", "model=gated_tiny", "-e", f"vllm_catalog_paths={catalog}",
-        "-e", f"vllm_weights_hub_endpoint={endpoint}", "-e", f"vllm_hub_token={token}",
+        "-e", f"vllm_hub_endpoint={endpoint}", "-e", f"vllm_hub_token={token}",
         "-e", f"vllm_weights_root={tmp_path / 'models'}",
     )  # fmt: skip
     output = proc.stdout + proc.stderr

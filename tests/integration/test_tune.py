@@ -61,7 +61,7 @@ def hub(deployed, tmp_path_factory):
     entry["source"] = {"kind": "hub", "repo": REPO, "revision": "main"}
     (catalog / f"{INSTANCE}.yml").write_text(yaml.safe_dump(entry))
     with hub_standin(deployed, HUB_ROOT, HUB_PORT, HUB_TOKEN) as endpoint:
-        yield {"vllm_catalog_paths": [str(catalog)], "vllm_hub_token": HUB_TOKEN, "vllm_weights_hub_endpoint": endpoint}
+        yield {"vllm_catalog_paths": [str(catalog)], "vllm_hub_token": HUB_TOKEN, "vllm_hub_endpoint": endpoint}
 
 
 @pytest.fixture(scope="module")

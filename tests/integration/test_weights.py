@@ -3,7 +3,7 @@ an interrupted fetch, and the hub through vLLM's huggingface_hub.
 
 The mirror is nginx (autoindex, Range requests) inside the host, serving `tiny` that tiny_model wrote
 into /srv/mirror/llmops/tiny: the same files a real mirror would hold. A catalog entry of the user's
-names it as the hub repository llmops/tiny; vllm_weights_mirror sends the fetch to nginx. The hub
+names it as the hub repository llmops/tiny; vllm_mirror sends the fetch to nginx. The hub
 itself is not reachable from these machines: the hub stand-in of the unit tests (tests/hub_standin.py)
 serves the same files inside the host, and the module runs there under vLLM's venv, as the role runs it.
 """
@@ -105,7 +105,7 @@ def deploy_args(catalog, *extra):
         json.dumps(
             {
                 "vllm_catalog_paths": [str(catalog)],
-                "vllm_weights_mirror": SLOW_MIRROR_URL,
+                "vllm_mirror": SLOW_MIRROR_URL,
                 "vllm_weights_progress_interval": 1,
                 "vllm_server_port": PORT,
             }

@@ -104,9 +104,16 @@ def included_roles(role):
     return {included for path in role_files(role, "tasks") for _task, included, _entry in includes_of(path)}
 
 
-def forwarded(role):
-    """The inputs that a role declares under the name of a role it runs: it passes them on as they are."""
-    return {name: spec for name, spec in all_options(role).items() if owner(name) != role}
+def collection_settings():
+    """The settings of the whole collection (vllm_config_dir, ...): declared by roles, named after none."""
+    return {name for role in ROLES for name in all_options(role) if owner(name) is None}
+
+
+def reads_of(role):
+    """Every variable of the collection that a role's task, vars and template files read."""
+    texts = [text for path in role_files(role, "tasks", "vars") for text in strings(yaml.safe_load(path.read_text()))]
+    texts += [template.read_text() for template in sorted((ROOT / "roles" / role / "templates").glob("*.j2"))]
+    return {identifier for text in texts for identifier in identifiers(text)}
 
 
 def foreign_reads(role):
@@ -152,37 +159,41 @@ def test_a_role_sets_its_own_internal_variables_and_its_result_alone(role):
 def test_the_read_of_another_role_s_output_is_caught():
     """A role's output named as the role itself (the bench role's fact was once `vllm_bench`) is still that role's."""
     assert owner("vllm_bench") == "vllm_bench" and owner("vllm_bench_result") == "vllm_bench"
-    assert owner("vllm_server_config_dir") == "vllm_server" and owner("vllm_gpus") is None
+    assert owner("vllm_server_port") == "vllm_server" and owner("vllm_config_dir") is None
     assert identifiers("{{ __vllm_swap_record.unit }} {{ x | llmops.vllm.vllm_swap_result }}") == ["vllm_swap_record"]
 
 
 @pytest.mark.parametrize("role", ROLES)
-def test_every_input_of_a_role_that_another_runs_is_given_by_it(role):
-    """A setting that the includer does not pass reached the included role from the inventory, behind the
-    includer's door: the tune's swap planned without the tune's hub token. Each input of the role run is passed,
-    or the includer declares it too, under the same name: then it is its input, which it forwards as it is."""
-    own = all_options(role)
-    missing = []
-    for path in role_files(role, "tasks"):
-        for task, included, entry_point in includes_of(path):
-            passed = set(task.get("vars") or {})
-            for name in options_of(included, entry_point):
-                if owner(name) == included and name not in passed and name not in own:
-                    missing.append(f"{path.name}: {included} ({entry_point}) {name}")
-    assert missing == []
+def test_a_role_declares_its_own_settings_and_the_collection_s_never_another_role_s(role):
+    """The deploy's door once copied 23 options of the server and weights roles: a role it runs reads its own
+    settings from the inventory through its own door, and the includer neither declares nor passes them on."""
+    assert [name for name in all_options(role) if owner(name) not in (role, None)] == []
 
 
-@pytest.mark.parametrize("role", ROLES)
-def test_a_forwarded_input_is_declared_as_its_owner_declares_it(role):
-    """A role's door lists what it forwards to a role it runs, typed as that role types it, and the owner's default
-    holds: the includer neither defaults it nor reads it."""
-    defaults = yaml.safe_load((ROOT / "roles" / role / "defaults" / "main.yml").read_text()) or {}
-    for name, spec in forwarded(role).items():
-        assert owner(name) in included_roles(role), f"{role} forwards {name}, of a role it does not run"
-        theirs = all_options(owner(name))[name]
-        for key in ("type", "elements", "choices", "default", "no_log", "required"):
-            assert spec.get(key) == theirs.get(key), f"{role}'s {name}: {key}"
-        assert name not in defaults, f"{role}'s {name}: the default is {owner(name)}'s"
+def test_the_collection_s_settings_are_the_records_the_hub_the_mirror_and_the_catalog():
+    assert collection_settings() == {
+        "vllm_config_dir",
+        "vllm_hub_endpoint",
+        "vllm_hub_token",
+        "vllm_mirror",
+        "vllm_catalog_paths",
+    }
+
+
+@pytest.mark.parametrize("name", sorted(collection_settings()))
+def test_a_setting_of_the_collection_is_one_declaration_wherever_a_role_reads_it(name):
+    """The records directory had ten names, the mirror five: now one name, read by every role that needs it,
+    each declaring it word for word alike, with the same default; no role reads it undeclared."""
+    readers = sorted(role for role in ROLES if name in reads_of(role))
+    declarers = sorted(role for role in ROLES if name in all_options(role))
+    assert readers == declarers, (readers, declarers)
+    declarations = {role: all_options(role)[name] for role in declarers}
+    assert len({yaml.safe_dump(spec) for spec in declarations.values()}) == 1, declarations
+    defaults = {
+        role: (yaml.safe_load((ROOT / "roles" / role / "defaults" / "main.yml").read_text()) or {})[name]
+        for role in declarers
+    }
+    assert set(map(repr, defaults.values())) == {repr(next(iter(declarations.values())).get("default"))}, defaults
 
 
 @pytest.mark.parametrize("role", ROLES)
@@ -191,8 +202,7 @@ def test_every_role_declares_its_entry_points(role):
     entry_points = {path.stem for path in role_files(role, "tasks")}
     assert "main" in specs and set(specs) <= entry_points
     defaults = yaml.safe_load((ROOT / "roles" / role / "defaults" / "main.yml").read_text()) or {}
-    options = set(all_options(role)) - set(forwarded(role))
-    assert set(defaults) == options, "defaults/main.yml and meta/argument_specs.yml must name the same variables"
+    assert set(defaults) == set(all_options(role)), "defaults/main.yml and meta/argument_specs.yml name other variables"
 
 
 def test_playbooks_are_lists_of_roles():
@@ -216,9 +226,9 @@ def playbook_values(path):
 
 @pytest.mark.parametrize("path", PLAYBOOKS, ids=[path.name for path in PLAYBOOKS])
 def test_playbooks_read_role_variables_from_the_inventory(path):
-    """A playbook gives a role what the inventory says: vllm_swap_config_dir from vllm_server_config_dir. Read
-    plainly, vllm_server_config_dir would be the value that vllm_deploy passes on to vllm_server under that name,
-    which is vllm_swap_config_dir again: a loop. hostvars holds the inventory's (and -e's) setting alone."""
+    """A playbook gives a role what the inventory says: vllm_swap_default_port from vllm_server_port. Read plainly,
+    vllm_server_port would be the value that vllm_deploy passes on to vllm_server under that name, which is the
+    default port again: a loop. hostvars holds the inventory's (and -e's) setting alone."""
     plays = yaml.safe_load(path.read_text())
     ran = {included for _task, included, _entry in includes_of(path)} | {
         role["role"].removeprefix("llmops.vllm.") for play in plays for role in play.get("roles") or []
@@ -232,7 +242,7 @@ def test_playbooks_read_role_variables_from_the_inventory(path):
 
 
 def test_every_reader_of_the_records_is_told_where_they_are():
-    """config_dir reaches every read of the records: a changed vllm_server_config_dir hid every instance."""
+    """config_dir reaches every read of the records: a changed records directory once hid every instance."""
     readers = module_tasks("llmops.vllm.vllm_instance_info")
     assert readers
     unaware = [
