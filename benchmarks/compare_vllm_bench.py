@@ -49,8 +49,8 @@ ROOT = Path(__file__).resolve().parents[1]
 HELPER = ROOT / "benchmarks" / "vllm_bench_serve_cpu.py"
 
 # The collection's own reading of /metrics (standard library only), the one vllm_instance_info uses.
-sys.path.insert(0, str(ROOT / "plugins" / "module_utils"))
-from _vllm_api import metric_total  # noqa: E402  pylint: disable=wrong-import-position,import-error
+sys.path.insert(0, str(ROOT / "plugins" / "module_utils" / "service"))
+from vllm_api import metric_total  # noqa: E402  pylint: disable=wrong-import-position,import-error
 
 
 def ansible(args, host, module, module_args, extra_vars=None):

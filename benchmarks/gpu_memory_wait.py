@@ -143,7 +143,7 @@ def poll_cost(samples: dict) -> dict:
     except ImportError:
         pynvml = None
 
-    from ansible_collections.llmops.vllm.plugins.module_utils._nvidia import open_backend
+    from ansible_collections.llmops.vllm.plugins.module_utils.gpu.nvidia import open_backend
 
     def run(command):
         done = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -190,7 +190,7 @@ def never_exits(backend: str, gib: float) -> dict:
 
 
 def leftovers(gib: float) -> dict:
-    from ansible_collections.llmops.vllm.plugins.module_utils._processes import read_process
+    from ansible_collections.llmops.vllm.plugins.module_utils.service.processes import read_process
 
     holder = hold(0, gib, title="VLLM::Worker_TP")
     try:

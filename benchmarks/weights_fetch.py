@@ -58,9 +58,6 @@ server {{
     sendfile on;
 }}
 """
-MODULE_UTILS = ("_weights_listing.py", "_weights_plan.py", "_weights_sources.py", "_weights_fetch.py", "_hub_client.py")
-
-
 # ---- on the controller ---------------------------------------------------------------------------
 
 
@@ -73,9 +70,7 @@ def copy_code(host):
     with tempfile.TemporaryDirectory() as staging:
         code = Path(staging) / "code"
         package = code / "ansible_collections" / "llmops" / "vllm" / "plugins" / "module_utils"
-        package.mkdir(parents=True)
-        for name in MODULE_UTILS:
-            shutil.copy(ROOT / "plugins" / "module_utils" / name, package / name)
+        shutil.copytree(ROOT / "plugins" / "module_utils", package, ignore=shutil.ignore_patterns("__pycache__"))
         today = subprocess.run(
             ["git", "-C", str(ROOT), "show", f"{TODAY}:plugins/module_utils/_weights.py"],
             check=True,
@@ -239,7 +234,7 @@ def inside(args):
         url_lists()
         runs = fetchers(args)
         sys.path.insert(0, f"{WORK}/code")
-        from ansible_collections.llmops.vllm.plugins.module_utils._weights_fetch import default_workers
+        from ansible_collections.llmops.vllm.plugins.module_utils.weights.fetch import default_workers
 
         print(f"model: {args.shards} shards of {args.shard_gib} GiB and a config, {total / GB:.2f} GB; "
               f"{os.cpu_count()} CPUs; new fetch: {args.workers or default_workers()} workers", flush=True)  # fmt: skip
@@ -298,11 +293,17 @@ def fetch_one(args):
         progress = today.Progress(None, sum(step.bytes_needed for step in steps))
         today.fetch(source, steps, DEST, description, progress)
         return 0
-    from ansible_collections.llmops.vllm.plugins.module_utils import (
-        _hub_client,
-        _weights_fetch,
-        _weights_plan,
-        _weights_sources,
+    from ansible_collections.llmops.vllm.plugins.module_utils.weights import (
+        fetch as _weights_fetch,
+    )
+    from ansible_collections.llmops.vllm.plugins.module_utils.weights import (
+        hub_client as _hub_client,
+    )
+    from ansible_collections.llmops.vllm.plugins.module_utils.weights import (
+        plan as _weights_plan,
+    )
+    from ansible_collections.llmops.vllm.plugins.module_utils.weights import (
+        sources as _weights_sources,
     )
 
     workers = args.workers or _weights_fetch.default_workers()

@@ -10,8 +10,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
-ISA = Path(__file__).resolve().parents[1] / "plugins" / "module_utils" / "_cpu_isa.py"
-spec = importlib.util.spec_from_file_location("_cpu_isa", ISA)
+ISA = Path(__file__).resolve().parents[1] / "plugins" / "module_utils" / "install" / "cpu_isa.py"
+spec = importlib.util.spec_from_file_location("cpu_isa", ISA)
 cpu_isa = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(cpu_isa)
 

@@ -10,7 +10,7 @@ weights (`--model-dir`, with `--load-format dummy` for the bundle's weightless m
 vllm_server_load_format), the port and memory share of each server, and the bundle's PYTHONPATH.
 
 Each server runs in a process session of its own, standing in for its unit's cgroup (session_unit.py), and the
-collection's Lifecycle (plugins/module_utils/_vllm_service.py) starts it, waits until it serves, and stops it.
+collection's Lifecycle (plugins/module_utils/service/lifecycle.py) starts it, waits until it serves, and stops it.
 The servers of every scenario asked for are started first, one after another as each has sized its KV cache
 (start_staggered), then each scenario measures, writing what it measured to OUT/gpu-harness.json as soon as
 it has it (and OUT/gpu-harness.md, the tables):
@@ -63,18 +63,18 @@ COLLECTIONS = import_collection()
 import compare_vllm_bench as compare  # noqa: E402
 from vllm_phases import load_phases  # noqa: E402
 
-from ansible_collections.llmops.vllm.plugins.module_utils._catalog import (  # noqa: E402
+from ansible_collections.llmops.vllm.plugins.module_utils.plan.catalog import (  # noqa: E402
     check_entry,
     find_entry_file,
     serve_spec,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._processes import list_processes  # noqa: E402
-from ansible_collections.llmops.vllm.plugins.module_utils._serve_command import (  # noqa: E402
+from ansible_collections.llmops.vllm.plugins.module_utils.service.lifecycle import Lifecycle, Settings  # noqa: E402
+from ansible_collections.llmops.vllm.plugins.module_utils.service.processes import list_processes  # noqa: E402
+from ansible_collections.llmops.vllm.plugins.module_utils.service.serve_command import (  # noqa: E402
     build_serve_args,
     build_server_environment,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._vllm_api import get, one_token_completion, post  # noqa: E402
-from ansible_collections.llmops.vllm.plugins.module_utils._vllm_service import Lifecycle, Settings  # noqa: E402
+from ansible_collections.llmops.vllm.plugins.module_utils.service.vllm_api import get, one_token_completion, post  # noqa: E402
 
 CATALOGS = [str(ROOT / "benchmarks" / "models"), str(ROOT / "models")]
 STREAM_CLIENTS = ROOT / "tests" / "integration" / "stream_clients.py"
@@ -456,7 +456,7 @@ def sleep_servers(args) -> list:
 
 
 def measure_sleep(args, results: Results, servers: dict):
-    """Sleep level 1 and 2 and wake-up through the collection's HTTP helper (_vllm_api.post)."""
+    """Sleep level 1 and 2 and wake-up through the collection's HTTP helper (service/vllm_api.post)."""
     server = servers["sleep"]
     for level in (1, 2):
         figures = {"gpu_mib_awake": gpu_used_mib(args), "session_gpu_mib_awake": session_gpu_mib(args, server)}

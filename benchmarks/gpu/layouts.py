@@ -35,9 +35,9 @@ from pathlib import Path
 
 from harness import HERE, Results, Server, bench_level, load_entry, run_module, timed
 
-from ansible_collections.llmops.vllm.plugins.module_utils._nvidia import topology
-from ansible_collections.llmops.vllm.plugins.module_utils._serve_command import layout_gpu_count
-from ansible_collections.llmops.vllm.plugins.module_utils._unit import error_lines
+from ansible_collections.llmops.vllm.plugins.module_utils.gpu.nvidia import topology
+from ansible_collections.llmops.vllm.plugins.module_utils.service.serve_command import layout_gpu_count
+from ansible_collections.llmops.vllm.plugins.module_utils.service.unit import error_lines
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 

@@ -3,7 +3,7 @@
 """A vLLM server in a process session of its own, standing in for its systemd unit where there is no systemd.
 
 The GPU machine has no systemd (PID 1 is not systemd there). `SessionUnit` answers what
-`llmops.vllm`'s `Lifecycle` (plugins/module_utils/_vllm_service.py) asks of a `Unit`, so that the collection's
+`llmops.vllm`'s `Lifecycle` (plugins/module_utils/service/lifecycle.py) asks of a `Unit`, so that the collection's
 own start, readiness, stop and orphan code runs against a real CUDA process tree:
 
 - the unit's cgroup is the server's session (`setsid`): vLLM's engine core and workers stay in the session
@@ -45,12 +45,12 @@ def import_collection():
 import_collection()
 
 # pylint: disable=wrong-import-position
-from ansible_collections.llmops.vllm.plugins.module_utils._processes import (  # noqa: E402
+from ansible_collections.llmops.vllm.plugins.module_utils.service.processes import (  # noqa: E402
     list_processes,
     read_process,
     still_running,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._unit import UnitState, engine_death  # noqa: E402
+from ansible_collections.llmops.vllm.plugins.module_utils.service.unit import UnitState, engine_death  # noqa: E402
 
 
 class SessionUnit:

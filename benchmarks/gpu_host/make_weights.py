@@ -27,7 +27,7 @@ from session_unit import import_collection
 
 import_collection()
 
-from ansible_collections.llmops.vllm.plugins.module_utils._tiny_model import (  # noqa: E402
+from ansible_collections.llmops.vllm.plugins.module_utils.weights.tiny_model import (  # noqa: E402
     parameter_count,
     weight_shapes,
 )

@@ -65,7 +65,7 @@ from vllm_phases import load_phases, start_timeline  # noqa: E402
 
 import_collection()
 
-from ansible_collections.llmops.vllm.plugins.module_utils._instance_record import api_key  # noqa: E402
+from ansible_collections.llmops.vllm.plugins.module_utils.instance.record import api_key  # noqa: E402
 
 HOST_SH = ROOT / "scripts" / "gpu-host" / "host.sh"
 STREAM_CLIENTS = ROOT / "tests" / "integration" / "stream_clients.py"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 
 class ModuleDocFragment:
-    # How the modules that read NVIDIA GPUs reach the driver (module_utils/_nvidia.py, BACKEND_OPTION).
+    # How the modules that read NVIDIA GPUs reach the driver (module_utils/gpu/nvidia.py, BACKEND_OPTION).
     DOCUMENTATION = r"""
 options:
   backend:

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.llmops.vllm.plugins.module_utils._alert_rules import AlertSettingsError, alert_rules
-from ansible_collections.llmops.vllm.plugins.module_utils._throughput import with_throughput
+from ansible_collections.llmops.vllm.plugins.module_utils.bench.throughput import with_throughput
+from ansible_collections.llmops.vllm.plugins.module_utils.observability.alert_rules import (
+    AlertSettingsError,
+    alert_rules,
+)
 
 
 def vllm_alert_rules(settings, slos=None):

@@ -9,34 +9,43 @@ import functools
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.llmops.vllm.plugins.module_utils._catalog import CatalogError
-from ansible_collections.llmops.vllm.plugins.module_utils._clock import ClockError
-from ansible_collections.llmops.vllm.plugins.module_utils._instance_record import remote_url
-from ansible_collections.llmops.vllm.plugins.module_utils._instances import (
+from ansible_collections.llmops.vllm.plugins.module_utils.common.clock import ClockError
+from ansible_collections.llmops.vllm.plugins.module_utils.common.table import records_table
+from ansible_collections.llmops.vllm.plugins.module_utils.common.task_failure import task_failure
+from ansible_collections.llmops.vllm.plugins.module_utils.instance.host_instances import (
     InstanceError,
     displaced,
     normalize,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._router import (
-    RouterError,
-    build_record,
+from ansible_collections.llmops.vllm.plugins.module_utils.instance.record import remote_url
+from ansible_collections.llmops.vllm.plugins.module_utils.instance.status import status_row
+from ansible_collections.llmops.vllm.plugins.module_utils.plan.catalog import CatalogError
+from ansible_collections.llmops.vllm.plugins.module_utils.router.choice import (
     chosen_key,
     chosen_workers,
-    environment_text,
     refusals,
-    router_command,
     routers_listing,
     status_rows,
+)
+from ansible_collections.llmops.vllm.plugins.module_utils.router.record import (
+    RouterError,
+    build_record,
+    environment_text,
+    router_command,
     worker_url,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._serve_command import (
+from ansible_collections.llmops.vllm.plugins.module_utils.service.serve_command import (
     ServeSpecError,
     build_serve_args,
     build_server_environment,
     layout_gpu_count,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._status import status_row
-from ansible_collections.llmops.vllm.plugins.module_utils._swap import (
+from ansible_collections.llmops.vllm.plugins.module_utils.service.systemd import (
+    SystemdSyntaxError,
+    environment_file,
+    exec_line,
+)
+from ansible_collections.llmops.vllm.plugins.module_utils.swap.bookkeeping import (
     SwapError,
     budget_spent,
     new_instance,
@@ -45,22 +54,16 @@ from ansible_collections.llmops.vllm.plugins.module_utils._swap import (
     swap_result,
     to_deploy,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._systemd import (
-    SystemdSyntaxError,
-    environment_file,
-    exec_line,
-)
-from ansible_collections.llmops.vllm.plugins.module_utils._table import records_table
-from ansible_collections.llmops.vllm.plugins.module_utils._task_failure import task_failure
-from ansible_collections.llmops.vllm.plugins.module_utils._tune import (
+from ansible_collections.llmops.vllm.plugins.module_utils.tune.candidates import (
     TuneError,
-    bystanders,
-    count,
-    guard_command,
-    outcome,
-    over_budget,
     overlay_entry,
     plan_candidates,
+)
+from ansible_collections.llmops.vllm.plugins.module_utils.tune.guard import bystanders, guard_command
+from ansible_collections.llmops.vllm.plugins.module_utils.tune.ledger import (
+    count,
+    outcome,
+    over_budget,
     planned_rows,
     runs,
 )

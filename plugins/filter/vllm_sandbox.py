@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from ansible_collections.llmops.vllm.plugins.module_utils._sandbox import sandbox_refusals
+from ansible_collections.llmops.vllm.plugins.module_utils.service.sandbox import sandbox_refusals
 
 
 class FilterModule:

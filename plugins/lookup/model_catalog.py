@@ -59,7 +59,7 @@ import yaml
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
 
-from ansible_collections.llmops.vllm.plugins.module_utils._catalog import CatalogError, check_entry, find_entry_file
+from ansible_collections.llmops.vllm.plugins.module_utils.plan.catalog import CatalogError, check_entry, find_entry_file
 
 COLLECTION_CATALOG = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "models")
 

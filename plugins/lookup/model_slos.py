@@ -44,7 +44,7 @@ from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
 
 from ansible_collections.llmops.vllm.plugins.lookup.model_catalog import COLLECTION_CATALOG
-from ansible_collections.llmops.vllm.plugins.module_utils._catalog import CatalogError, catalog_files, check_entry
+from ansible_collections.llmops.vllm.plugins.module_utils.plan.catalog import CatalogError, catalog_files, check_entry
 
 
 class LookupModule(LookupBase):

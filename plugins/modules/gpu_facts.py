@@ -114,7 +114,7 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.vllm.plugins.module_utils._nvidia import (
+from ansible_collections.llmops.vllm.plugins.module_utils.gpu.nvidia import (
     BACKEND_OPTION,
     NoDriver,
     NvidiaError,

@@ -196,7 +196,8 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.vllm.plugins.module_utils._gpu_memory import (
+from ansible_collections.llmops.vllm.plugins.module_utils.common.wait import positive_seconds, wait_for
+from ansible_collections.llmops.vllm.plugins.module_utils.gpu.memory import (
     VISIBLE_DEVICES,
     GpuSelectionError,
     baseline_mib,
@@ -209,15 +210,14 @@ from ansible_collections.llmops.vllm.plugins.module_utils._gpu_memory import (
     select_gpus,
     unit_environment,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._nvidia import (
+from ansible_collections.llmops.vllm.plugins.module_utils.gpu.nvidia import (
     BACKEND_OPTION,
     NoDriver,
     NvidiaError,
     open_backend,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._processes import terminate
-from ansible_collections.llmops.vllm.plugins.module_utils._unit import check_unit_name
-from ansible_collections.llmops.vllm.plugins.module_utils._wait import positive_seconds, wait_for
+from ansible_collections.llmops.vllm.plugins.module_utils.service.processes import terminate
+from ansible_collections.llmops.vllm.plugins.module_utils.service.unit import check_unit_name
 
 try:
     import pynvml

@@ -33,6 +33,7 @@ description:
   - A directory that serves this manifest (for example a host's weights directory behind nginx) is a
     mirror that passes the sizes and hashes on to the hosts that fetch from it.
 extends_documentation_fragment:
+  - llmops.vllm.hub
   - llmops.vllm.attributes
 attributes:
   check_mode:
@@ -79,23 +80,6 @@ options:
       path:
         description: Absolute directory of the weights on the host. Required with O(source.kind=local).
         type: path
-  mirror:
-    description:
-      - Fetch hub sources from this mirror instead of the hub, from C(MIRROR/REPO) (C(owner/name) under it).
-      - An C(http://) or C(https://) URL of a directory listing (with the manifest when it has one, for
-        hashes; otherwise sizes come from C(Content-Length)), or an absolute path the host mounts.
-    type: str
-  hub_endpoint:
-    description:
-      - Base URL of the hub, or of a hub-compatible proxy.
-      - Defaults to the E(HF_ENDPOINT) variable of the module's environment, else C(https://huggingface.co).
-    type: str
-  hub_token:
-    description:
-      - Hugging Face token for gated or private repositories. Sent only to the hub's own host, never to the
-        CDN it redirects downloads to.
-      - The only token used; a token that huggingface_hub could find on the host (E(HF_TOKEN), a login) is not.
-    type: str
   hub_client:
     description:
       - What fetches from the hub (a mirror is always fetched by the module's own code).
@@ -259,33 +243,33 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.vllm.plugins.module_utils._hub_client import (
-    CLIENTS,
-    LibrarySource,
-    choose_client,
-    fetch_with_library,
-)
-from ansible_collections.llmops.vllm.plugins.module_utils._weights_fetch import (
+from ansible_collections.llmops.vllm.plugins.module_utils.weights.fetch import (
     Fetcher,
     Manifest,
     Progress,
     default_workers,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._weights_listing import (
+from ansible_collections.llmops.vllm.plugins.module_utils.weights.hub_client import (
+    CLIENTS,
+    LibrarySource,
+    choose_client,
+    fetch_with_library,
+)
+from ansible_collections.llmops.vllm.plugins.module_utils.weights.listing import (
     WeightsError,
     local_files,
     read_manifest,
     select_files,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._weights_options import problems, reserve_bytes
-from ansible_collections.llmops.vllm.plugins.module_utils._weights_plan import (
+from ansible_collections.llmops.vllm.plugins.module_utils.weights.options import problems, reserve_bytes
+from ansible_collections.llmops.vllm.plugins.module_utils.weights.plan import (
     check_space,
     disk_usage_free,
     nearest_existing_directory,
     plan_fetch,
     required_free_bytes,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._weights_sources import hub_endpoint, open_source
+from ansible_collections.llmops.vllm.plugins.module_utils.weights.sources import hub_endpoint, open_source
 
 
 def describe(step):

@@ -124,7 +124,7 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.llmops.vllm.plugins.module_utils._tiny_model import (
+from ansible_collections.llmops.vllm.plugins.module_utils.weights.tiny_model import (
     TinyModelError,
     check_shape,
     generate,

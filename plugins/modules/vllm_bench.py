@@ -25,6 +25,7 @@ description:
   - Sets the fact C(vllm_bench_result). Reports (JSON, CSV, Markdown, plot) are written by
     M(llmops.vllm.vllm_bench_report).
 extends_documentation_fragment:
+  - llmops.vllm.records
   - llmops.vllm.attributes
 attributes:
   check_mode:
@@ -54,10 +55,6 @@ options:
         EnvironmentFile the record names; never logged).
       - Only where the module runs on the instance's host; from elsewhere give O(url), O(model) and O(api_key).
     type: str
-  config_dir:
-    description: Where the instance records lie, for O(instance).
-    type: path
-    default: /etc/vllm
   endpoint:
     description: The OpenAI API to call.
     type: str
@@ -264,21 +261,21 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.vllm.plugins.module_utils._bench_error import BenchError
-from ansible_collections.llmops.vllm.plugins.module_utils._bench_prompts import fixed_prompts, random_token_prompts
-from ansible_collections.llmops.vllm.plugins.module_utils._bench_statistics import (
+from ansible_collections.llmops.vllm.plugins.module_utils.bench.error import BenchError
+from ansible_collections.llmops.vllm.plugins.module_utils.bench.load_generator import Target, run_level
+from ansible_collections.llmops.vllm.plugins.module_utils.bench.prompts import fixed_prompts, random_token_prompts
+from ansible_collections.llmops.vllm.plugins.module_utils.bench.statistics import (
     describe_regression,
     level_metrics,
     regressions,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._instance_record import (
+from ansible_collections.llmops.vllm.plugins.module_utils.instance.record import (
     DEFAULT_CONFIG_DIR,
     RecordError,
     api_key,
     check_instance_name,
     find,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._load_generator import Target, run_level
 
 try:
     import tokenizers

@@ -89,14 +89,14 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.llmops.vllm.plugins.module_utils._bench_report import (
+from ansible_collections.llmops.vllm.plugins.module_utils.bench.report import (
     fleet_markdown,
     host_markdown,
     levels_csv,
     plot_png,
     result_json,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._file_writer import check_file_name, write_if_changed
+from ansible_collections.llmops.vllm.plugins.module_utils.common.file_writer import check_file_name, write_if_changed
 
 try:
     import matplotlib  # noqa: F401  pylint: disable=unused-import

@@ -23,6 +23,7 @@ description:
     only when the key it carries is this host's own; an archive of another key is refused (RV(refused) says how
     it differs) and the host keeps compiling for itself. A host whose directory holds a cache keeps it.
 extends_documentation_fragment:
+  - llmops.vllm.records
   - llmops.vllm.attributes
 attributes:
   check_mode:
@@ -40,10 +41,6 @@ options:
     description: The instance, as its record in O(config_dir) names it.
     type: str
     required: true
-  config_dir:
-    description: The directory of the instance records.
-    type: path
-    default: /etc/vllm
   device:
     description: The device vLLM serves on, which says how the device part of the key is read.
     type: str
@@ -133,7 +130,15 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.vllm.plugins.module_utils._compile_cache import (
+from ansible_collections.llmops.vllm.plugins.module_utils.install.cpu_isa import cpu_flags, isa_level
+from ansible_collections.llmops.vllm.plugins.module_utils.instance.record import (
+    RecordError,
+    check_instance_name,
+    read_record,
+    record_path,
+    usable,
+)
+from ansible_collections.llmops.vllm.plugins.module_utils.service.compile_cache import (
     CompileCacheError,
     archive_name,
     cache_key,
@@ -146,20 +151,12 @@ from ansible_collections.llmops.vllm.plugins.module_utils._compile_cache import 
     unpack,
     write_archive,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._cpu_isa import cpu_flags, isa_level
-from ansible_collections.llmops.vllm.plugins.module_utils._instance_record import (
-    RecordError,
-    check_instance_name,
-    read_record,
-    record_path,
-    usable,
-)
-from ansible_collections.llmops.vllm.plugins.module_utils._systemd import (
+from ansible_collections.llmops.vllm.plugins.module_utils.service.systemd import (
     parse_environment_directives,
     parse_environment_file,
     unit_file_exec_start,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._unit import UNIT_DIRS, drop_ins_on_disk
+from ansible_collections.llmops.vllm.plugins.module_utils.service.unit import UNIT_DIRS, drop_ins_on_disk
 
 CACHE_VARIABLE = "VLLM_CACHE_ROOT"
 NVIDIA_QUERY = "--query-gpu=index,name,driver_version,compute_cap"

@@ -117,9 +117,8 @@ import re
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.vllm.plugins.module_utils._cpu_isa import read_isa_level
-from ansible_collections.llmops.vllm.plugins.module_utils._venv import python_of
-from ansible_collections.llmops.vllm.plugins.module_utils._vllm_native_ops import (
+from ansible_collections.llmops.vllm.plugins.module_utils.install.cpu_isa import read_isa_level
+from ansible_collections.llmops.vllm.plugins.module_utils.install.native_ops import (
     CHECK,
     CheckError,
     describe_exit,
@@ -128,6 +127,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._vllm_native_ops impor
     request,
     verdict,
 )
+from ansible_collections.llmops.vllm.plugins.module_utils.install.venv import python_of
 
 # A module to import: identifiers joined by dots.
 DOTTED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")

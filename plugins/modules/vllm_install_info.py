@@ -257,7 +257,7 @@ import zipfile
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.facts.system.distribution import Distribution
 
-from ansible_collections.llmops.vllm.plugins.module_utils._install_plan import (
+from ansible_collections.llmops.vllm.plugins.module_utils.install.plan import (
     PACKAGES,
     PLUGIN_GROUP,
     PlanError,
@@ -274,7 +274,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._install_plan import (
     venvs_to_read,
     wheel_pattern,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._venv import (
+from ansible_collections.llmops.vllm.plugins.module_utils.install.venv import (
     INSPECT,
     INSPECT_BASE,
     VenvError,

@@ -13,16 +13,18 @@ description:
   - Writes the three files of one instance, each only when it differs (content, mode, owner root) and each
     atomically. They are its EnvironmentFile O(environment_file) (mode 0600; O(environment) and the API key, as
     C(VLLM_API_KEY)), its systemd unit O(unit_file) (mode 0644, O(unit_content)), and its record.
-  - The record is O(config_dir)/INSTANCE.json, which M(llmops.vllm.vllm_instance_info),
-    M(llmops.vllm.vllm_service) and M(llmops.vllm.vllm_bench) read back. It holds the unit, where the server
-    listens and the URL where the host reaches it (computed from O(host) and O(port)), the served name, the
-    GPUs, the weights, the interpreter and vLLM release, and the load, drain and stop timeouts.
+  - The record is O(config_dir)/INSTANCE.json (the directory made, mode 0755, when missing), which
+    M(llmops.vllm.vllm_instance_info), M(llmops.vllm.vllm_service) and M(llmops.vllm.vllm_bench) read back. It
+    holds the unit, where the server listens and the URL where the host reaches it (computed from O(host) and
+    O(port)), the served name, the GPUs, the weights, the interpreter and vLLM release, and the load, drain and
+    stop timeouts.
   - The record names where the instance's API key lives (O(environment_file), variable C(VLLM_API_KEY)) and
     never holds a secret; the modules that send the key read it from there.
   - Returns which of the three files changed, so that a caller restarts the server when its unit or its
     environment did. It does not reload systemd; M(llmops.vllm.vllm_service) does when the unit changed.
   - The C(vllm_server) role runs it for every instance it deploys.
 extends_documentation_fragment:
+  - llmops.vllm.records
   - llmops.vllm.attributes
 attributes:
   check_mode:
@@ -33,10 +35,6 @@ attributes:
   idempotent:
     support: full
 options:
-  config_dir:
-    description: Directory of the records, an absolute path, created (mode 0755) when missing.
-    type: path
-    default: /etc/vllm
   instance:
     description: Name of the instance (letters, digits and C(_.-), starting with a letter or digit).
     type: str
@@ -184,8 +182,12 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.vllm.plugins.module_utils._file_writer import current_text, differs, write_if_changed
-from ansible_collections.llmops.vllm.plugins.module_utils._instance_record import (
+from ansible_collections.llmops.vllm.plugins.module_utils.common.file_writer import (
+    current_text,
+    differs,
+    write_if_changed,
+)
+from ansible_collections.llmops.vllm.plugins.module_utils.instance.record import (
     API_KEY_VARIABLE,
     DEFAULT_CONFIG_DIR,
     ENVIRONMENT_MODE,
@@ -197,7 +199,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils._instance_record impor
     record_path,
     record_text,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._unit import check_unit_name
+from ansible_collections.llmops.vllm.plugins.module_utils.service.unit import check_unit_name
 
 # The records' directory, created when missing: everyone may read the records, the EnvironmentFiles are 0600.
 CONFIG_DIR_MODE = 0o755

@@ -25,6 +25,7 @@ description:
     file's name and what is wrong, whichever instances O(instances) asks for. A host without O(config_dir)
     has no instance, which is no failure.
 extends_documentation_fragment:
+  - llmops.vllm.records
   - llmops.vllm.attributes
 attributes:
   check_mode:
@@ -35,10 +36,6 @@ attributes:
   idempotent:
     support: full
 options:
-  config_dir:
-    description: Where the instance records lie.
-    type: path
-    default: /etc/vllm
   instances:
     description:
       - Report only these instances, by name. A name without a record fails the module, which lists the
@@ -221,7 +218,8 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.vllm.plugins.module_utils._instance_record import (
+from ansible_collections.llmops.vllm.plugins.module_utils.common.wait import positive_seconds
+from ansible_collections.llmops.vllm.plugins.module_utils.instance.record import (
     DEFAULT_CONFIG_DIR,
     RecordError,
     api_key,
@@ -229,8 +227,8 @@ from ansible_collections.llmops.vllm.plugins.module_utils._instance_record impor
     choose,
     read_records,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._unit import Unit, UnitError, UnitState
-from ansible_collections.llmops.vllm.plugins.module_utils._vllm_api import (
+from ansible_collections.llmops.vllm.plugins.module_utils.service.unit import Unit, UnitError, UnitState
+from ansible_collections.llmops.vllm.plugins.module_utils.service.vllm_api import (
     KV_CACHE_USAGE,
     REQUESTS_RUNNING,
     REQUESTS_WAITING,
@@ -239,7 +237,6 @@ from ansible_collections.llmops.vllm.plugins.module_utils._vllm_api import (
     metric_samples,
     metric_total,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._wait import positive_seconds
 
 NOT_ASKED = dict.fromkeys(("serving", "asleep", "requests_running", "requests_waiting", "kv_cache_usage"))
 

@@ -25,6 +25,7 @@ description:
   - Without GPU facts (a host without GPUs) the GPU rules are skipped; without a config (a generated model whose
     files do not exist yet) the model rules are skipped. Changes nothing on the host.
 extends_documentation_fragment:
+  - llmops.vllm.hub
   - llmops.vllm.attributes
 attributes:
   check_mode:
@@ -54,19 +55,6 @@ options:
     description: Branch, tag or commit of O(hub_repo).
     type: str
     default: main
-  hub_token:
-    description: Token for gated or private repositories; sent as a bearer token, never returned or logged.
-    type: str
-  hub_endpoint:
-    description: The hub's address, or a hub-compatible proxy's; defaults to the E(HF_ENDPOINT) variable, else
-      C(https://huggingface.co).
-    type: str
-  mirror:
-    description:
-      - Read C(config.json) of O(hub_repo) from this mirror instead of the hub, from C(MIRROR/owner/name), as
-        P(llmops.vllm.model_weights#module) fetches the weights.
-      - An http(s) URL, or a path that the host mounts.
-    type: str
   timeout:
     description: Seconds the hub or the mirror may take to answer.
     type: int
@@ -212,13 +200,13 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.vllm.plugins.module_utils._catalog import DERIVED_KEYS, CatalogError, check_entry
-from ansible_collections.llmops.vllm.plugins.module_utils._model_shape import PlanInputError
-from ansible_collections.llmops.vllm.plugins.module_utils._planner import GIB, failure_message, gpu_list, plan
-from ansible_collections.llmops.vllm.plugins.module_utils._serve_command import ServeSpecError
-from ansible_collections.llmops.vllm.plugins.module_utils._weights_listing import WeightsError
-from ansible_collections.llmops.vllm.plugins.module_utils._weights_options import hub_problems, where_problems
-from ansible_collections.llmops.vllm.plugins.module_utils._weights_sources import (
+from ansible_collections.llmops.vllm.plugins.module_utils.plan.catalog import DERIVED_KEYS, CatalogError, check_entry
+from ansible_collections.llmops.vllm.plugins.module_utils.plan.model_shape import PlanInputError
+from ansible_collections.llmops.vllm.plugins.module_utils.plan.planner import GIB, failure_message, gpu_list, plan
+from ansible_collections.llmops.vllm.plugins.module_utils.service.serve_command import ServeSpecError
+from ansible_collections.llmops.vllm.plugins.module_utils.weights.listing import WeightsError
+from ansible_collections.llmops.vllm.plugins.module_utils.weights.options import hub_problems, where_problems
+from ansible_collections.llmops.vllm.plugins.module_utils.weights.sources import (
     hub_endpoint,
     open_source,
     read_source_json,

@@ -106,18 +106,17 @@ fits:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.vllm.plugins.module_utils._router import (
+from ansible_collections.llmops.vllm.plugins.module_utils.common.wait import wait_for
+from ansible_collections.llmops.vllm.plugins.module_utils.router.api import RouterApi, router_counts
+from ansible_collections.llmops.vllm.plugins.module_utils.router.record import (
     DEFAULT_CONFIG_DIR,
-    RouterApi,
     RouterError,
     read_record,
-    read_workers,
     router_api_key,
-    router_counts,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._unit import Unit, UnitError
-from ansible_collections.llmops.vllm.plugins.module_utils._vllm_api import get
-from ansible_collections.llmops.vllm.plugins.module_utils._wait import wait_for
+from ansible_collections.llmops.vllm.plugins.module_utils.router.workers import read_workers
+from ansible_collections.llmops.vllm.plugins.module_utils.service.unit import Unit, UnitError
+from ansible_collections.llmops.vllm.plugins.module_utils.service.vllm_api import get
 
 POLL_INTERVAL = 1.0
 

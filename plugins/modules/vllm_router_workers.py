@@ -106,17 +106,18 @@ running:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.vllm.plugins.module_utils._router import (
+from ansible_collections.llmops.vllm.plugins.module_utils.router.api import RouterApi, check_worker
+from ansible_collections.llmops.vllm.plugins.module_utils.router.record import (
     DEFAULT_CONFIG_DIR,
-    RouterApi,
     RouterError,
     RouterUnreachable,
-    check_worker,
+    read_record,
+    router_api_key,
+)
+from ansible_collections.llmops.vllm.plugins.module_utils.router.workers import (
     check_worker_urls,
     plan_workers,
-    read_record,
     read_workers,
-    router_api_key,
     workers_lock,
     write_workers,
 )

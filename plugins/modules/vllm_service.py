@@ -35,6 +35,7 @@ description:
     vLLM keeps its process and its port, its weights move to CPU memory and its KV cache is freed, so that its
     GPUs are free for another server; awake again it serves in seconds where a load takes minutes.
 extends_documentation_fragment:
+  - llmops.vllm.records
   - llmops.vllm.attributes
 attributes:
   check_mode:
@@ -61,10 +62,6 @@ options:
         key and timeouts.
       - O(load_timeout), O(drain_timeout) and O(stop_timeout), when set, replace the record's.
     type: str
-  config_dir:
-    description: Where the instance records lie, for O(instance).
-    type: path
-    default: /etc/vllm
   state:
     description:
       - V(started) starts the unit unless it runs, and waits until it serves in both cases.
@@ -359,22 +356,22 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.vllm.plugins.module_utils._instance_record import (
+from ansible_collections.llmops.vllm.plugins.module_utils.common.wait import positive_seconds
+from ansible_collections.llmops.vllm.plugins.module_utils.instance.record import (
     DEFAULT_CONFIG_DIR,
     api_key,
     check_instance_name,
     find,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._service_steps import Refused, Steps, condition, steps_to
-from ansible_collections.llmops.vllm.plugins.module_utils._unit import (
+from ansible_collections.llmops.vllm.plugins.module_utils.service.lifecycle import Lifecycle, ServiceError, Settings
+from ansible_collections.llmops.vllm.plugins.module_utils.service.steps import Refused, Steps, condition, steps_to
+from ansible_collections.llmops.vllm.plugins.module_utils.service.unit import (
     Unit,
     UnitError,
     check_unit_name,
     needs_daemon_reload,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._vllm_api import check_base_url, is_sleeping
-from ansible_collections.llmops.vllm.plugins.module_utils._vllm_service import Lifecycle, ServiceError, Settings
-from ansible_collections.llmops.vllm.plugins.module_utils._wait import positive_seconds
+from ansible_collections.llmops.vllm.plugins.module_utils.service.vllm_api import check_base_url, is_sleeping
 
 POSITIVE_SECONDS = ("load_timeout", "stop_timeout", "kill_timeout", "orphan_grace", "poll_interval")
 UNIT_SUFFIXES = (".service", ".scope", ".target", ".socket", ".mount", ".timer", ".path", ".slice")

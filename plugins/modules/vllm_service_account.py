@@ -85,7 +85,7 @@ import stat
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.vllm.plugins.module_utils._service_account import differences
+from ansible_collections.llmops.vllm.plugins.module_utils.service.account import differences
 
 
 def _name(lookup, identifier, attribute):

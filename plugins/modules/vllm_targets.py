@@ -22,6 +22,7 @@ description:
   - The C(vllm_targets) role runs it at the end of deploy, swap, rollout, stop and tune, and writes the targets on
     the monitoring hosts.
 extends_documentation_fragment:
+  - llmops.vllm.records
   - llmops.vllm.attributes
 attributes:
   check_mode:
@@ -32,10 +33,6 @@ attributes:
   idempotent:
     support: full
 options:
-  config_dir:
-    description: Where the instance records lie.
-    type: path
-    default: /etc/vllm
   host:
     description: The value of the C(host) label, the host's inventory name.
     type: str
@@ -121,25 +118,25 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.vllm.plugins.module_utils._file_writer import current_text, write_if_changed
-from ansible_collections.llmops.vllm.plugins.module_utils._instance_record import (
+from ansible_collections.llmops.vllm.plugins.module_utils.common.file_writer import current_text, write_if_changed
+from ansible_collections.llmops.vllm.plugins.module_utils.instance.record import (
     DEFAULT_CONFIG_DIR,
     RecordError,
     read_records,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._metrics_readers import (
+from ansible_collections.llmops.vllm.plugins.module_utils.observability.metrics_readers import (
     READERS_FILE,
     READERS_MODE,
     ReadersError,
     reader_networks,
     readers_text,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._prometheus_targets import (
+from ansible_collections.llmops.vllm.plugins.module_utils.observability.prometheus_targets import (
     is_target,
     only_local,
     target_groups,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._unit import Unit, UnitError
+from ansible_collections.llmops.vllm.plugins.module_utils.service.unit import Unit, UnitError
 
 DIRECTORY_MODE = 0o755
 

@@ -19,6 +19,7 @@ description:
   - C(/metrics) answers the host itself, where this module runs, without the API key.
   - The C(vllm_status) role runs it with C(vllm_status_throughput_seconds).
 extends_documentation_fragment:
+  - llmops.vllm.records
   - llmops.vllm.attributes
 attributes:
   check_mode:
@@ -29,10 +30,6 @@ attributes:
   idempotent:
     support: full
 options:
-  config_dir:
-    description: Where the instance records lie.
-    type: path
-    default: /etc/vllm
   instances:
     description: Measure only these instances, by name; all of them by default.
     type: list
@@ -92,14 +89,14 @@ instances:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.vllm.plugins.module_utils._instance_record import (
+from ansible_collections.llmops.vllm.plugins.module_utils.bench.throughput import measure
+from ansible_collections.llmops.vllm.plugins.module_utils.common.wait import positive_seconds
+from ansible_collections.llmops.vllm.plugins.module_utils.instance.record import (
     DEFAULT_CONFIG_DIR,
     RecordError,
     choose,
     read_records,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._throughput import measure
-from ansible_collections.llmops.vllm.plugins.module_utils._wait import positive_seconds
 
 
 def main():

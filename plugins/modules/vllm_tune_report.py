@@ -130,10 +130,12 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.vllm.plugins.module_utils._file_writer import check_file_name, write_if_changed
-from ansible_collections.llmops.vllm.plugins.module_utils._instance_record import check_instance_name
-from ansible_collections.llmops.vllm.plugins.module_utils._tune import TuneError, check_objective, time_split, winner
-from ansible_collections.llmops.vllm.plugins.module_utils._tune_report import markdown, svg
+from ansible_collections.llmops.vllm.plugins.module_utils.common.file_writer import check_file_name, write_if_changed
+from ansible_collections.llmops.vllm.plugins.module_utils.instance.record import check_instance_name
+from ansible_collections.llmops.vllm.plugins.module_utils.tune.candidates import TuneError
+from ansible_collections.llmops.vllm.plugins.module_utils.tune.ledger import time_split
+from ansible_collections.llmops.vllm.plugins.module_utils.tune.report import markdown, svg
+from ansible_collections.llmops.vllm.plugins.module_utils.tune.winner import check_objective, winner
 
 
 def main():

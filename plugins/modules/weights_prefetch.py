@@ -134,12 +134,12 @@ msg:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.vllm.plugins.module_utils._page_cache import (
+from ansible_collections.llmops.vllm.plugins.module_utils.common.wait import positive_seconds
+from ansible_collections.llmops.vllm.plugins.module_utils.weights.page_cache import (
     DEFAULT_PATTERNS,
     PrefetchError,
     prefetch,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._wait import positive_seconds
 
 
 def main():

@@ -12,7 +12,11 @@ import signal
 
 import pytest
 
-from ansible_collections.llmops.vllm.plugins.module_utils._cpu_isa import AVX2, CPU_KERNEL_LIBRARY, read_isa_level
+from ansible_collections.llmops.vllm.plugins.module_utils.install.cpu_isa import (
+    AVX2,
+    CPU_KERNEL_LIBRARY,
+    read_isa_level,
+)
 
 from .conftest import LocalHost
 

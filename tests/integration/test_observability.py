@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ansible_collections.llmops.vllm.plugins.module_utils._alert_rules import alert_rules
-from ansible_collections.llmops.vllm.plugins.module_utils._grafana_dashboard import dashboard
+from ansible_collections.llmops.vllm.plugins.module_utils.observability.alert_rules import alert_rules
+from ansible_collections.llmops.vllm.plugins.module_utils.observability.grafana_dashboard import dashboard
 
 from .conftest import remove_instances
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.llmops.vllm.plugins.module_utils._vllm_api import REQUEST_TIMEOUT
-from ansible_collections.llmops.vllm.plugins.module_utils._vllm_service import (
+from ansible_collections.llmops.vllm.plugins.module_utils.service.lifecycle import (
     ENGINE_EXIT_GRACE,
     JOURNAL_CATCH_UP,
     STOP_POLL_INTERVAL,
 )
+from ansible_collections.llmops.vllm.plugins.module_utils.service.vllm_api import REQUEST_TIMEOUT
 
 from .conftest import copy_stream_clients
 

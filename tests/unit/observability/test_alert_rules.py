@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ansible_collections.llmops.vllm.plugins.module_utils._alert_rules import (
+from ansible_collections.llmops.vllm.plugins.module_utils.observability.alert_rules import (
     DEFAULTS,
     AlertSettingsError,
     alert_rules,
     check_settings,
     check_slo,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils._catalog import CatalogError, check_entry
+from ansible_collections.llmops.vllm.plugins.module_utils.plan.catalog import CatalogError, check_entry
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]

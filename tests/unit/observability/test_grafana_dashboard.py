@@ -9,8 +9,8 @@ import subprocess
 
 import yaml
 
-from ansible_collections.llmops.vllm.plugins.module_utils._alert_rules import alert_rules
-from ansible_collections.llmops.vllm.plugins.module_utils._grafana_dashboard import WIDTH, dashboard
+from ansible_collections.llmops.vllm.plugins.module_utils.observability.alert_rules import alert_rules
+from ansible_collections.llmops.vllm.plugins.module_utils.observability.grafana_dashboard import WIDTH, dashboard
 
 # What Grafana puts in place of its variables before Prometheus sees a query.
 GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__range": "1h", "$host": ".*", "$instance": ".*"}

@@ -76,7 +76,7 @@ def config():
 @pytest.fixture
 def entry():
     # Imported here: the collection becomes importable only when the session starts (tests/unit/conftest.py).
-    from ansible_collections.llmops.vllm.plugins.module_utils._catalog import check_entry
+    from ansible_collections.llmops.vllm.plugins.module_utils.plan.catalog import check_entry
 
     def read(name, **changes):
         raw = yaml.safe_load((ROOT / "models" / f"{name}.yml").read_text())
@@ -89,7 +89,7 @@ def entry():
 def gpu_layout_model():
     """An entry of benchmarks/models and its config.json: the small copies of the seed models' shapes that
     benchmarks/gpu/layouts.py serves on the GPU machine, where vLLM's own verdicts were taken."""
-    from ansible_collections.llmops.vllm.plugins.module_utils._catalog import check_entry
+    from ansible_collections.llmops.vllm.plugins.module_utils.plan.catalog import check_entry
 
     models = ROOT / "benchmarks" / "models"
 
@@ -128,7 +128,7 @@ def idle_process():
     Popen returns once the child has called exec, but its /proc/PID/cmdline may still be empty for a moment:
     the fixture yields once /proc shows the whole command line, which is what the tests read.
     """
-    from ansible_collections.llmops.vllm.plugins.module_utils._wait import wait_for
+    from ansible_collections.llmops.vllm.plugins.module_utils.common.wait import wait_for
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "gpu-holder"])
     shown = wait_for(lambda: (_command_line(child.pid).endswith(b"gpu-holder\0"), None), timeout=10, interval=0.005)
@@ -179,7 +179,7 @@ def serve():
 
 
 # A stand-in for vLLM and torch in a venv, for the tests of the import check's own program (CHECK in
-# module_utils/_vllm_native_ops.py). Its vllm._custom_ops loads a real shared library as vllm/<library> and does
+# module_utils/install/native_ops.py). Its vllm._custom_ops loads a real shared library as vllm/<library> and does
 # what the test asks of vLLM's; real vLLM runs the same check in the molecule and integration tests.
 FAKE_TORCH = """
 import types

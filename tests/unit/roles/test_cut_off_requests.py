@@ -12,13 +12,13 @@ import time
 
 import pytest
 
-from ansible_collections.llmops.vllm.plugins.module_utils._serve_command import CUT_OFF_ACCOUNTING
-from ansible_collections.llmops.vllm.plugins.module_utils._vllm_service import (
+from ansible_collections.llmops.vllm.plugins.module_utils.service.lifecycle import (
     ACCOUNT_SIGNAL,
     ACCOUNTED,
     CUT_OFF_MARK,
     cut_off_requests,
 )
+from ansible_collections.llmops.vllm.plugins.module_utils.service.serve_command import CUT_OFF_ACCOUNTING
 
 
 def chunk(finish_reason=None, text="x"):

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from ansible_collections.llmops.vllm.plugins.module_utils._serve_command import RETRYABLE_ABORTS
+from ansible_collections.llmops.vllm.plugins.module_utils.service.serve_command import RETRYABLE_ABORTS
 
 ROLE_CHUNK = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
 USAGE_CHUNK = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 0}}

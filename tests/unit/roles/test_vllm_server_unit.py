@@ -17,7 +17,7 @@ import yaml
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
 
-from ansible_collections.llmops.vllm.plugins.module_utils._sandbox import allowed_majors, character_devices
+from ansible_collections.llmops.vllm.plugins.module_utils.service.sandbox import allowed_majors, character_devices
 
 ROOT = Path(__file__).resolve().parents[3]
 ROLE = ROOT / "roles" / "vllm_server"

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from ansible.module_utils import basic
 
-from ansible_collections.llmops.vllm.plugins.module_utils._nvidia import Gpu, GpuProcess
+from ansible_collections.llmops.vllm.plugins.module_utils.gpu.nvidia import Gpu, GpuProcess
 from ansible_collections.llmops.vllm.plugins.modules import gpu_memory_wait
 
 H200 = Gpu(0, "GPU-d0f1eba3-ac23-d843-fbe6-d95a497ee56c", "NVIDIA H200", 143771, 0, "Disabled", "00000000:00:06.0")

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from ansible_collections.llmops.vllm.plugins.module_utils import _weights_fetch
-from ansible_collections.llmops.vllm.plugins.module_utils._weights_listing import MANIFEST_NAME, PARTIAL_DIR
+from ansible_collections.llmops.vllm.plugins.module_utils.weights import fetch as weights_fetch
+from ansible_collections.llmops.vllm.plugins.module_utils.weights.listing import MANIFEST_NAME, PARTIAL_DIR
 from ansible_collections.llmops.vllm.plugins.modules import model_weights
 
 MODEL = bytes(range(256)) * 64
@@ -19,7 +19,7 @@ SHARD = "model-00001-of-00002.safetensors"
 @pytest.fixture
 def run(run_module, monkeypatch):
     """`run(args)` returns the module's result; with `fails=True`, the result it failed with."""
-    monkeypatch.setattr(_weights_fetch, "RETRY_DELAY", 0)
+    monkeypatch.setattr(weights_fetch, "RETRY_DELAY", 0)
     monkeypatch.delenv("HF_ENDPOINT", raising=False)
 
     def run_model_weights(module_args, fails=False):
@@ -124,7 +124,7 @@ def test_the_hub_comes_from_hf_endpoint_by_either_client(tmp_path, hub, run, mon
 
 def test_an_interrupted_fetch_is_resumed_by_the_next_run(tmp_path, hub, run):
     hub.fail(SHARD, "cut", after=1 << 20)
-    hub.fail(SHARD, "status", count=_weights_fetch.RETRIES, status=503)
+    hub.fail(SHARD, "status", count=weights_fetch.RETRIES, status=503)
     failed = run(hub_args(tmp_path, hub_endpoint=hub.endpoint, hub_client="builtin", workers=1), fails=True)
     assert "run again to resume" in failed["msg"] and SHARD in failed["missing"]
     dest = tmp_path / "weights" / "model"

@@ -7,7 +7,7 @@ import tarfile
 
 import pytest
 
-from ansible_collections.llmops.vllm.plugins.module_utils._compile_cache import write_archive
+from ansible_collections.llmops.vllm.plugins.module_utils.service.compile_cache import write_archive
 from ansible_collections.llmops.vllm.plugins.modules import vllm_compile_cache
 
 

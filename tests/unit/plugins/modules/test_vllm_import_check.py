@@ -4,7 +4,7 @@ import signal
 
 import pytest
 
-from ansible_collections.llmops.vllm.plugins.module_utils._cpu_isa import read_isa_level
+from ansible_collections.llmops.vllm.plugins.module_utils.install.cpu_isa import read_isa_level
 from ansible_collections.llmops.vllm.plugins.modules import vllm_import_check
 
 PINNED = {"version": "0.32.0", "device": "cpu", "plugins": ["llmops_amx_permission"]}

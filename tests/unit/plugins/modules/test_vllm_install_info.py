@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.llmops.vllm.plugins.module_utils._install_plan import AMX_PLUGIN_FILE, DEV_GUARD_FILE
+from ansible_collections.llmops.vllm.plugins.module_utils.install.plan import AMX_PLUGIN_FILE, DEV_GUARD_FILE
 from ansible_collections.llmops.vllm.plugins.modules import vllm_install_info
 
 # The venv that runs these tests is a real one to read.
@@ -152,6 +152,6 @@ def test_bad_input_is_refused_before_any_interpreter_runs(run, monkeypatch, tmp_
 
 
 def test_the_local_version_is_left_out_of_the_release():
-    from ansible_collections.llmops.vllm.plugins.module_utils._venv import release
+    from ansible_collections.llmops.vllm.plugins.module_utils.install.venv import release
 
     assert (release("0.32.0+cpu"), release("0.31.0"), release(None)) == ("0.32.0", "0.31.0", None)

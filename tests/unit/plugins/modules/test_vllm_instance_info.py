@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from ansible.module_utils import basic
 
-from ansible_collections.llmops.vllm.plugins.module_utils._instance_record import FIX
-from ansible_collections.llmops.vllm.plugins.module_utils._unit import parse_show
+from ansible_collections.llmops.vllm.plugins.module_utils.instance.record import FIX
+from ansible_collections.llmops.vllm.plugins.module_utils.service.unit import parse_show
 from ansible_collections.llmops.vllm.plugins.modules import vllm_instance_info
 
 # /metrics of a server with two engines (data parallelism), each with its own label set.

@@ -14,7 +14,7 @@ import urllib.parse
 import pytest
 from ansible.module_utils import basic
 
-from ansible_collections.llmops.vllm.plugins.module_utils._router import build_record, environment_text
+from ansible_collections.llmops.vllm.plugins.module_utils.router.record import build_record, environment_text
 from ansible_collections.llmops.vllm.plugins.modules import vllm_router_info, vllm_router_workers
 
 KEY = "sk-router-clients"

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from ansible_collections.llmops.vllm.plugins.module_utils import _page_cache
+from ansible_collections.llmops.vllm.plugins.module_utils.weights import page_cache
 from ansible_collections.llmops.vllm.plugins.modules import weights_prefetch
 
 
@@ -19,7 +19,7 @@ def reading_fails(monkeypatch):
     def refuse(*_args, **_kwargs):
         raise AssertionError("the weights were read")
 
-    monkeypatch.setattr(_page_cache, "read_into_cache", refuse)
+    monkeypatch.setattr(page_cache, "read_into_cache", refuse)
 
 
 @pytest.fixture
