@@ -9,6 +9,7 @@ import functools
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.llmops.vllm.plugins.module_utils.bench.options import option_problem
 from ansible_collections.llmops.vllm.plugins.module_utils.common.clock import ClockError
 from ansible_collections.llmops.vllm.plugins.module_utils.common.table import records_table
 from ansible_collections.llmops.vllm.plugins.module_utils.common.task_failure import task_failure
@@ -91,6 +92,7 @@ def _as_filter_error(function):
 class FilterModule:
     def filters(self):
         return {
+            "vllm_bench_option_problem": option_problem,
             "vllm_serve_args": _as_filter_error(build_serve_args),
             "vllm_server_environment": _as_filter_error(build_server_environment),
             "vllm_layout_gpu_count": layout_gpu_count,

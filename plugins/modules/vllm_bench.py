@@ -263,6 +263,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.llmops.vllm.plugins.module_utils.bench.error import BenchError
 from ansible_collections.llmops.vllm.plugins.module_utils.bench.load_generator import Target, run_level
+from ansible_collections.llmops.vllm.plugins.module_utils.bench.options import check_options
 from ansible_collections.llmops.vllm.plugins.module_utils.bench.prompts import fixed_prompts, random_token_prompts
 from ansible_collections.llmops.vllm.plugins.module_utils.bench.statistics import (
     describe_regression,
@@ -273,7 +274,6 @@ from ansible_collections.llmops.vllm.plugins.module_utils.instance.record import
     DEFAULT_CONFIG_DIR,
     RecordError,
     api_key,
-    check_instance_name,
     find,
 )
 
@@ -281,8 +281,6 @@ try:
     import tokenizers
 except ImportError:
     tokenizers = None
-
-SLO_KEYS = ("ttft", "tpot", "e2el")
 
 
 def load_tokenizer(path):
@@ -323,49 +321,6 @@ def read_baseline(baseline, metrics):
 
 def _is_number(value):
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def check_options(params):
-    """Refuse a bad option before anything is read (the instance's record, a file) or sent; BenchError names it."""
-    if params["instance"] is not None:
-        try:
-            check_instance_name(params["instance"])
-        except RecordError as error:
-            raise BenchError(str(error)) from None
-    elif not params["model"] or any(char.isspace() for char in params["model"]):
-        raise BenchError(f"model must be the served model name, without spaces, got {params['model']!r}")
-    bad = [level for level in params["concurrency"] if level < 1]
-    if not params["concurrency"] or bad:
-        raise BenchError(f"concurrency must list levels of 1 or more, got {params['concurrency']}")
-    for name in ("input_len", "output_len"):
-        if params[name] < 1:
-            raise BenchError(f"{name} must be 1 or more, got {params[name]}")
-    for name in ("warmup_requests", "seed"):
-        if params[name] < 0:
-            raise BenchError(f"{name} must be 0 or more, got {params[name]}")
-    if params["num_requests"] is not None and params["num_requests"] < 1:
-        raise BenchError(f"num_requests must be 1 or more, got {params['num_requests']}")
-    for name in ("duration", "request_timeout"):
-        if params[name] is not None and not 0 < params[name] < math.inf:
-            raise BenchError(f"{name} must be more than 0 seconds, got {params[name]}")
-    if not 0 <= params["max_failed_percent"] <= 100:
-        raise BenchError(f"max_failed_percent must be from 0 to 100, got {params['max_failed_percent']}")
-    if not 0 <= params["max_regression_percent"] < math.inf:
-        raise BenchError(f"max_regression_percent must be 0 or more, got {params['max_regression_percent']}")
-    goodput = params["goodput"] or {}
-    unknown = set(goodput) - set(SLO_KEYS)
-    if unknown:
-        raise BenchError(f"goodput takes the keys {', '.join(SLO_KEYS)}; unknown: {', '.join(sorted(unknown))}")
-    for key, value in goodput.items():
-        try:
-            good = 0 < float(value) < math.inf
-        except (TypeError, ValueError):
-            good = False
-        if isinstance(value, bool) or not good:
-            raise BenchError(f"goodput.{key} must be a number of milliseconds above 0, got {value!r}")
-    bad_percentiles = [p for p in params["percentiles"] if not 0 < p < 100]
-    if bad_percentiles:
-        raise BenchError(f"percentiles must be between 0 and 100 (exclusive), got {bad_percentiles}")
 
 
 def run_sweep(params, target, tokenizer):

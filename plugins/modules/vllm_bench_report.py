@@ -96,7 +96,11 @@ from ansible_collections.llmops.vllm.plugins.module_utils.bench.report import (
     plot_png,
     result_json,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils.common.file_writer import check_file_name, write_if_changed
+from ansible_collections.llmops.vllm.plugins.module_utils.common.file_writer import (
+    check_file_name,
+    directory_problem,
+    write_if_changed,
+)
 
 try:
     import matplotlib  # noqa: F401  pylint: disable=unused-import
@@ -176,8 +180,9 @@ def main():
             msg="results must map each host to its vllm_bench result (with summary and levels); "
             + ("; ".join(problems) if problems else "it is empty")
         )
-    if not os.path.isabs(dest):
-        module.fail_json(msg=f"dest must be an absolute directory, got {dest!r}")
+    problem = directory_problem(dest, "dest")
+    if problem:
+        module.fail_json(msg=problem)
     if "png" in formats and MATPLOTLIB_IMPORT_ERROR:
         module.fail_json(
             msg=missing_required_lib("matplotlib")

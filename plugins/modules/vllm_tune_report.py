@@ -130,7 +130,11 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.vllm.plugins.module_utils.common.file_writer import check_file_name, write_if_changed
+from ansible_collections.llmops.vllm.plugins.module_utils.common.file_writer import (
+    check_file_name,
+    directory_problem,
+    write_if_changed,
+)
 from ansible_collections.llmops.vllm.plugins.module_utils.instance.record import check_instance_name
 from ansible_collections.llmops.vllm.plugins.module_utils.tune.candidates import TuneError
 from ansible_collections.llmops.vllm.plugins.module_utils.tune.ledger import time_split
@@ -157,8 +161,9 @@ def main():
     )
     params = module.params
     try:
-        if not os.path.isabs(params["dest"]):
-            raise ValueError(f"dest must be an absolute directory, got {params['dest']!r}")
+        problem = directory_problem(params["dest"], "dest")
+        if problem:
+            raise ValueError(problem)
         check_file_name(params["host"], "host")
         check_instance_name(params["instance"])
     except ValueError as error:  # RecordError included

@@ -6,6 +6,8 @@ import re
 
 import pytest
 
+from .conftest import unfolded
+
 LEVELS = [1, 2, 4]
 WORKLOAD = {"num_requests": 6, "input_len": 16, "output_len": 12}
 
@@ -103,6 +105,16 @@ def run_bench_playbook(deployed, **overrides):
         **overrides,
     }
     return deployed.playbook("playbooks/bench.yml", "-e", "model=tiny", "-e", json.dumps(extra_vars))
+
+
+def test_the_playbook_refuses_a_bad_option_by_its_name_before_it_reads_the_host(deployed, tmp_path):
+    proc = run_bench_playbook(deployed, vllm_bench_concurrency=[0], vllm_bench_report_dir=str(tmp_path))
+    assert proc.returncode != 0
+    output = unfolded(proc)
+    assert "vllm_bench_concurrency must list levels of 1 or more, got [0]" in output, output[-3000:]
+    # The refusal is the play's first word on the host: no record read, no request sent, no report written.
+    assert "Read the record of tiny" not in output and "Benchmark the instance" not in output, output[-3000:]
+    assert not any(tmp_path.iterdir())
 
 
 def test_the_playbook_writes_reports_and_ends_with_the_fleet_table(deployed, tmp_path):

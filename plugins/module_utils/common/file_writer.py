@@ -16,6 +16,20 @@ def check_file_name(name, option: str) -> str:
     return name
 
 
+def directory_problem(path: str, option: str) -> str | None:
+    """Why `path` cannot be (made) a directory, naming `option`: it, or the nearest of its parents that exists, is
+    not one. None when it is one or can be made."""
+    if not os.path.isabs(path):
+        return f"{option} must be an absolute directory, got {path!r}"
+    existing = path
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if os.path.isdir(existing):
+        return None
+    what = "it" if existing == path else existing
+    return f"{option} {path!r} cannot be a directory: {what} is a file, not a directory"
+
+
 def current_text(path: str) -> str | None:
     """A file's text, None when there is none."""
     content = _current_bytes(path)

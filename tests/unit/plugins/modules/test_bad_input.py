@@ -388,3 +388,17 @@ def test_the_tune_report_refuses_bad_options_and_writes_nothing(run_module, tmp_
     result = run_module(vllm_tune_report.main, {**base, **args}, fails=True)
     assert message in result["msg"]
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("report", ["bench", "tune"])
+def test_a_report_under_a_regular_file_names_dest_and_the_file_and_writes_nothing(run_module, tmp_path, report):
+    file = tmp_path / "reports"
+    file.write_text("a file where the reports' directory would go")
+    dest = file / "tiny"
+    main, args = {
+        "bench": (vllm_bench_report.main, {"results": {"h1": {"summary": SUMMARY, "levels": [LEVEL]}}}),
+        "tune": (vllm_tune_report.main, {"host": "it17", **TUNE}),
+    }[report]
+    result = run_module(main, {**args, "dest": str(dest)}, fails=True)
+    assert result["msg"] == f"dest {str(dest)!r} cannot be a directory: {file} is a file, not a directory"
+    assert list(tmp_path.iterdir()) == [file] and file.read_text().startswith("a file")

@@ -9,6 +9,7 @@ import pytest
 from ansible_collections.llmops.vllm.plugins.module_utils.common.file_writer import (
     current_text,
     differs,
+    directory_problem,
     write_if_changed,
 )
 
@@ -108,3 +109,24 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_scratch(tmp_path, modul
     with pytest.raises(Exception, match="Could not replace"):
         write_if_changed(module, path, "new\n")
     assert current_text(path) == "old\n" and os.listdir(tmp_path) == ["tiny.json"]
+
+
+def test_a_directory_that_exists_or_can_be_made_has_no_problem(tmp_path):
+    assert directory_problem(str(tmp_path), "dest") is None
+    assert directory_problem(str(tmp_path / "new" / "deeper"), "dest") is None
+
+
+@pytest.mark.parametrize(
+    ("below", "found"),
+    [("", "it is a file"), ("reports", "{file} is a file"), ("reports/tiny", "{file} is a file")],
+)
+def test_a_directory_under_a_regular_file_is_refused_naming_the_option_and_the_file(tmp_path, below, found):
+    file = tmp_path / "results.txt"
+    file.write_text("not a directory")
+    path = str(file / below) if below else str(file)
+    problem = directory_problem(path, "dest")
+    assert problem == f"dest {path!r} cannot be a directory: {found.format(file=file)}, not a directory"
+
+
+def test_a_relative_directory_is_refused(tmp_path):
+    assert directory_problem("bench-results", "dest") == "dest must be an absolute directory, got 'bench-results'"
