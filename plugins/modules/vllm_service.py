@@ -65,7 +65,8 @@ options:
   state:
     description:
       - V(started) starts the unit unless it runs, and waits until it serves in both cases.
-      - V(stopped) stops it, and looks for orphans even when it was already stopped.
+      - V(stopped) stops it, and looks for orphans even when it was already stopped; a unit left C(failed) is reset
+        (RV(reset_failed)), so that the host does not read C(degraded).
       - V(restarted) stops it as V(stopped) does, then starts it as V(started) does.
       - V(asleep) drains the requests in flight for the drain timeout, aborts what is left and puts the running
         server to sleep (vLLM's sleep level 1, which moves the weights to CPU memory and frees the KV cache),
@@ -181,6 +182,14 @@ daemon_reloaded:
   returned: always
   type: bool
   sample: false
+reset_failed:
+  description:
+    - With O(state=stopped), how the run of a unit left C(failed) had ended, as systemd says it, before
+      C(systemctl reset-failed) brought the unit to C(inactive); null when the unit was not failed.
+    - A failed unit makes C(systemctl is-system-running) say C(degraded) until it is reset.
+  returned: always
+  type: str
+  sample: result signal, main process killed with status 9
 active_state:
   description: The unit's ActiveState at the end.
   returned: always
@@ -548,6 +557,7 @@ def main():
         "unit": name,
         "changed": False,
         "daemon_reloaded": False,
+        "reset_failed": None,
         "start": None,
         "stop": None,
         "restarts": 0,
@@ -591,6 +601,14 @@ def main():
             if state == now == "asleep":
                 messages.append("already asleep")
         after = unit.state()
+        # A stopped unit left failed (killed past its timeout, or crashed before) makes the host read `degraded`;
+        # how its run ended is in this result, and in the journal.
+        if state == "stopped" and after.active_state == "failed":
+            result.update(changed=True, reset_failed=after.outcome())
+            messages.append(f"its failed state reset ({after.outcome()})")
+            if not module.check_mode:
+                unit.reset_failed()
+                after = unit.state()
         result["asleep"] = is_sleeping(settings.url) if not after.stopped else None
     except ServiceError as error:
         module.fail_json(msg=f"{name}: {error}", **{**result, **error.details, "elapsed": elapsed(started)})

@@ -250,3 +250,50 @@ def test_only_a_running_server_goes_to_sleep(run_module, unit_in, unit_condition
     active = {"stopped": "inactive", "restarting": "activating"}[unit_condition]
     assert result["msg"] == f"vllm-tiny.service is {active}: only a running server can go to sleep; start it first"
     assert acts == []
+
+
+@pytest.mark.parametrize("check_mode", [True, False])
+def test_a_stop_that_leaves_the_unit_failed_resets_it_and_says_how_its_run_ended(
+    run_module, unit_in, monkeypatch, check_mode
+):
+    """A failed unit makes the host read `degraded`: the stop resets it, after saying how its run ended."""
+    acts = unit_in("running")
+    failed = "ActiveState=failed\nSubState=failed\nMainPID=0\nResult=signal\nExecMainCode=2\nExecMainStatus=9"
+    shown = {"now": SHOW["running"]}
+    commands = []
+
+    def run_command(self, command, **_):
+        commands.append(command)
+        if "reset-failed" in command:
+            shown["now"] = SHOW["stopped"]
+            return 0, "", ""
+        return 0, f"LoadState=loaded\n{shown['now']}\n", ""
+
+    def stop(self, before):
+        acts.append("stop")
+        shown["now"] = failed  # killed past its stop timeout
+        orphans = {"found": [], "terminated": [], "killed": []}
+        return {"in_flight": 0, "drain": None, "aborted_requests": 0, "aborted_requests_bound": "exact",
+                "refused_requests": 0, "escalated": True, "api_server_hang": None, "orphans": orphans,
+                "elapsed": 1.0}  # fmt: skip
+
+    monkeypatch.setattr(basic.AnsibleModule, "run_command", run_command)
+    monkeypatch.setattr(vllm_service.Lifecycle, "stop", stop)
+    if check_mode:
+        shown["now"] = failed  # a unit that had crashed by itself
+    result = run_module(vllm_service.main, {"name": "vllm-tiny.service", "state": "stopped",
+                                            "_ansible_check_mode": check_mode})  # fmt: skip
+    assert result["changed"]
+    assert result["reset_failed"] == "result signal, main process killed with status 9"
+    assert "its failed state reset (result signal, main process killed with status 9)" in result["msg"]
+    resets = [command for command in commands if "reset-failed" in command]
+    if check_mode:
+        assert resets == [] and result["active_state"] == "failed"
+    else:
+        assert resets == [["systemctl", "reset-failed", "vllm-tiny.service"]] and result["active_state"] == "inactive"
+
+
+def test_a_stop_that_leaves_the_unit_inactive_resets_nothing(run_module, unit_in):
+    unit_in("running")
+    result = run_module(vllm_service.main, {"name": "vllm-tiny.service", "state": "stopped"})
+    assert result["reset_failed"] is None
