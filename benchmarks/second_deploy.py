@@ -41,6 +41,8 @@ def inventory(path: Path, host: str, connection: str) -> Path:
         "ansible_become": False,
         "vllm_install_wheelhouse": "/opt/wheelhouse",
         "vllm_server_api_key": "benchmark-api-key",
+        # As inventories/local: the container's systemd may not grant the role's LimitNOFILE=65536.
+        "vllm_server_limit_nofile": 0,
     }
     path.write_text(json.dumps({"vllm_hosts": {"hosts": {host: host_vars}}}))
     return path

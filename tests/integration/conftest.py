@@ -240,6 +240,20 @@ HOST_VARS = {
 }
 
 
+# The open files that the server's unit asks for (the role's default), less where the container's systemd cannot
+# grant as many: without CAP_SYS_RESOURCE its own hard limit, which the container got from the machine, caps them.
+OPEN_FILES = 65536
+
+
+def open_files_granted(name: str) -> int:
+    """The LimitNOFILE= that the container's systemd grants a unit: its own hard limit, up to OPEN_FILES."""
+    limits = subprocess.run(
+        ["podman", "exec", name, "cat", "/proc/1/limits"], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    hard = next(line.split()[4] for line in limits.splitlines() if line.startswith("Max open files"))
+    return OPEN_FILES if hard == "unlimited" else min(OPEN_FILES, int(hard))
+
+
 @pytest.fixture(scope="session")
 def local_host(request, tmp_path_factory) -> LocalHost:
     name = os.environ.get("LLMOPS_TEST_HOST", "llmops-vllm-it")
@@ -252,7 +266,8 @@ def local_host(request, tmp_path_factory) -> LocalHost:
         own_core(name)
     inventory = tmp_path_factory.mktemp("inventory") / "hosts.yml"
     # Routers reach the host's instances at its address (tests/integration/test_router.py).
-    inventory.write_text(json.dumps({"vllm_hosts": {"hosts": {name: {**HOST_VARS, "vllm_worker_address": address}}}}))
+    host_vars = {**HOST_VARS, "vllm_worker_address": address, "vllm_server_limit_nofile": open_files_granted(name)}
+    inventory.write_text(json.dumps({"vllm_hosts": {"hosts": {name: host_vars}}}))
     yield LocalHost(name=name, inventory=inventory, address=address)
     if os.environ.get("LLMOPS_TEST_KEEP_HOST") != "1":
         subprocess.run([LOCAL_HOST, "down"], check=True, env=env)
@@ -290,6 +305,7 @@ def fleet_hosts(local_host: LocalHost, tmp_path_factory) -> Fleet:
         "vllm_config_dir": SECOND_CONFIG_DIR,
         "vllm_server_host": address,
         "vllm_worker_address": address,
+        "vllm_server_limit_nofile": open_files_granted(name),
     }
     hosts = json.loads(local_host.inventory.read_text())["vllm_hosts"]["hosts"]
     inventory.write_text(json.dumps({"vllm_hosts": {"hosts": {**hosts, name: second_vars}}}))

@@ -31,3 +31,17 @@ def test_a_new_instance_on_the_port_of_a_running_one_is_refused_and_named(deploy
     assert proc.returncode == 2, output[-4000:]
     assert "instance tiny-c would use port 8000 of instance tiny, which is running" in output
     assert "TASK [llmops.vllm.vllm_install" not in proc.stdout
+
+
+def test_open_files_that_systemd_cannot_grant_are_refused_before_the_unit_is_written(deployed):
+    """systemd gives a unit what it can of LimitNOFILE= without a word; above the kernel's nr_open nothing can."""
+    pid = tiny_main_pid(deployed)
+    unit = deployed.sh("cat /etc/systemd/system/vllm-tiny.service").stdout
+    too_many = int(deployed.sh("cat /proc/sys/fs/nr_open").stdout) + 1
+    proc = deployed.playbook("playbooks/deploy.yml", "-e", "model=tiny", "-e", f"vllm_server_limit_nofile={too_many}")
+    output = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 2, output[-4000:]
+    assert f"Instance tiny: vllm_server_limit_nofile asks LimitNOFILE={too_many}, and systemd grants" in output
+    assert "or lower vllm_server_limit_nofile" in output
+    assert deployed.sh("cat /etc/systemd/system/vllm-tiny.service").stdout == unit
+    assert tiny_main_pid(deployed) == pid

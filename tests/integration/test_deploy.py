@@ -1,5 +1,7 @@
 """The deployment that every other integration test builds on."""
 
+import json
+
 
 def test_deployed_model_is_listed(deployed):
     result = deployed.module(
@@ -17,3 +19,11 @@ def test_one_role_of_deploy_yml_runs_alone_with_its_tag(deployed):
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "Create the venv" not in proc.stdout
     assert "changed=0" in proc.stdout.split("PLAY RECAP")[1]
+
+
+def test_the_server_holds_the_open_files_its_unit_asks_for(deployed):
+    """LimitNOFILE= as the inventory sets it (what the container's systemd can grant), in the server's own limits."""
+    asked = json.loads(deployed.inventory.read_text())["vllm_hosts"]["hosts"][deployed.name]["vllm_server_limit_nofile"]
+    main_pid = deployed.sh("systemctl show -p MainPID --value vllm-tiny.service").stdout.strip()
+    limits = deployed.sh(f"grep '^Max open files' /proc/{main_pid}/limits").stdout.split()
+    assert limits[3:5] == [str(asked), str(asked)], limits

@@ -196,3 +196,62 @@ def sandbox_refusals(settings):
     if settings.get("device") == "cuda" and settings.get("proc_devices"):
         refusals += uncovered_nvidia_device_refusals(settings["proc_devices"], settings.get("device_allow") or [])
     return refusals
+
+
+# The lines of /proc/PID/limits that the unit's LimitNOFILE= and LimitMEMLOCK= set, and the settings that ask.
+LIMITS = {
+    "nofile": ("Max open files", "vllm_server_limit_nofile", "LimitNOFILE", "open files"),
+    "memlock": ("Max locked memory", "vllm_server_limit_memlock", "LimitMEMLOCK", "bytes of locked memory"),
+}
+# systemd's size suffixes (base 1024), as LimitMEMLOCK= takes them.
+SIZE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50, "E": 1 << 60}
+
+
+def _limit_value(value) -> float | None:
+    """A limit as a number (infinity for `infinity` or `unlimited`); None when it is not one."""
+    text = str(value).strip()
+    if text in ("infinity", "unlimited"):
+        return float("inf")
+    number, suffix = text.rstrip("KMGTPE"), text[len(text.rstrip("KMGTPE")) :]
+    if not number.isdigit() or len(suffix) > 1:
+        return None
+    return int(number) * SIZE_SUFFIXES[suffix]
+
+
+def _limit_text(value: float) -> str:
+    return "infinity" if value == float("inf") else str(int(value))
+
+
+def granted_limits(proc_limits: str) -> dict:
+    """{nofile, memlock: (soft, hard)} from the text of /proc/PID/limits (infinity for `unlimited`)."""
+    granted = {}
+    for line in proc_limits.splitlines():
+        for key, (label, *_rest) in LIMITS.items():
+            if line.startswith(label):
+                soft, hard = line[len(label) :].split()[:2]
+                granted[key] = (_limit_value(soft), _limit_value(hard))
+    return granted
+
+
+def limit_refusals(proc_limits: str, nofile=0, memlock="") -> list[str]:
+    """Each limit that the unit asks for (nofile; memlock, empty for systemd's default) and that systemd, asked the
+    same for a unit of its own, did not grant: `proc_limits` is that unit's /proc/self/limits. systemd grants what
+    it can (its own hard limit caps what it gives without CAP_SYS_RESOURCE), silently; the refusal says so."""
+    asked = {"nofile": int(nofile or 0) or None, "memlock": _limit_value(memlock) if str(memlock or "") else None}
+    if str(memlock or "") and asked["memlock"] is None:
+        return [f"vllm_server_limit_memlock must be bytes (with K, M, G, ... of 1024) or infinity, got {memlock!r}"]
+    granted = granted_limits(proc_limits)
+    refusals = []
+    for key, wanted in asked.items():
+        if wanted is None:
+            continue
+        _label, setting, directive, unit = LIMITS[key]
+        got = granted.get(key)
+        if got is None or got[0] < wanted or got[1] < wanted:
+            shown = "none read" if got is None else ", ".join(map(_limit_text, got))
+            refusals.append(
+                f"{setting} asks {directive}={nofile if key == 'nofile' else memlock}, and systemd grants this host's"
+                f" units {shown} (soft, hard) {unit}: raise systemd's own limit (its hard limit, from the kernel or"
+                f" the container it runs in, caps what it grants) or lower {setting}"
+            )
+    return refusals

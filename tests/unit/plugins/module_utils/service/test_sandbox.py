@@ -11,6 +11,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils.service.sandbox import
     expandable_segments_variable,
     filter_allows,
     hiding_setting,
+    limit_refusals,
     sandbox_refusals,
     uncovered_nvidia_device_refusals,
 )
@@ -199,3 +200,37 @@ def test_a_host_without_the_nvidia_driver_or_with_the_cpu_build_needs_no_device(
     assert uncovered_nvidia_device_refusals(without_driver, []) == []
     assert sandbox_refusals(settings(device="cpu", device_allow=[])) == []
     assert sandbox_refusals(settings(device_allow=[])) != []
+
+
+# /proc/self/limits of a unit that asked LimitNOFILE=65536 of a systemd whose own hard limit is 20000.
+CAPPED = """Limit                     Soft Limit           Hard Limit           Units
+Max open files            20000                20000                files
+Max locked memory         8388608              8388608              bytes
+"""
+GRANTED = CAPPED.replace("20000                20000", "65536                65536").replace(
+    "8388608              8388608", "unlimited            unlimited"
+)
+
+
+def test_limits_that_systemd_grants_are_not_refused():
+    assert limit_refusals(GRANTED, 65536, "infinity") == []
+    assert limit_refusals(CAPPED, 16384, "8M") == []
+    assert limit_refusals(CAPPED) == []
+
+
+def test_open_files_capped_by_systemd_s_own_limit_are_refused_with_what_it_grants():
+    assert limit_refusals(CAPPED, 65536) == [
+        "vllm_server_limit_nofile asks LimitNOFILE=65536, and systemd grants this host's units 20000, 20000 (soft,"
+        " hard) open files: raise systemd's own limit (its hard limit, from the kernel or the container it runs in,"
+        " caps what it grants) or lower vllm_server_limit_nofile"
+    ]
+
+
+def test_locked_memory_is_compared_in_bytes_with_systemd_s_suffixes():
+    assert limit_refusals(CAPPED, memlock="9M")[0].startswith(
+        "vllm_server_limit_memlock asks LimitMEMLOCK=9M, and systemd grants this host's units 8388608, 8388608"
+    )
+    assert "LimitMEMLOCK=infinity" in limit_refusals(CAPPED, memlock="infinity")[0]
+    assert limit_refusals(CAPPED, memlock="lots") == [
+        "vllm_server_limit_memlock must be bytes (with K, M, G, ... of 1024) or infinity, got 'lots'"
+    ]
