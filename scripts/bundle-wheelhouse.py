@@ -6,7 +6,7 @@ bundle (../shared/gpu/: vLLM stripped into site/, and the wheels of what the GPU
     python3 scripts/bundle-wheelhouse.py --site WORK/core/site --deps WORK/core/wheels \\
         [--add WORK/opt_fa2] [--add WORK/opt_moe] [--copy UV_WHEEL] OUT
 
-OUT gets, flat (docs/install.md, "The GPU host's interface"):
+OUT gets, flat (docs/install.md, "On a host whose CUDA PyTorch is already installed"):
 - vLLM's wheel again, re-zipped from --site with its dist-info: every file that the bundle's cut RECORD lists,
   checked against RECORD's SHA-256 (byte-identical to the wheel's), and the files of each --add tree (the
   bundle's optional archives), which RECORD then lists too. The entries are stored, not compressed: the wheel

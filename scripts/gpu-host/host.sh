@@ -200,9 +200,9 @@ extract_bundle() {
   done
 }
 
-# vllm_install's wheelhouse for a host with its own CUDA torch (docs/install.md, "The GPU host's interface"): vLLM
-# re-zipped from the bundle, the bundle's dependency wheels, uv's wheel and the requirements list; and the
-# bundle's model (config and tokenizer, no weights).
+# vllm_install's wheelhouse for a host with its own CUDA torch (docs/install.md, "On a host whose CUDA PyTorch is
+# already installed"): vLLM re-zipped from the bundle, the bundle's dependency wheels, uv's wheel and the
+# requirements list; and the bundle's model (config and tokenizer, no weights).
 cmd_wheelhouse() {
   local chunks="" python="" out="" model="" work add=()
   while (($#)); do
