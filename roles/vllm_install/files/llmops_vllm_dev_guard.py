@@ -92,8 +92,8 @@ NOT_FINISHED = (b"abort", b"error")
 ABORTED_REFUSAL = json.dumps(
     {
         "error": {
-            "message": "The server aborted this request before answering any of it: it is stopping or going to"
-            " sleep. Send it again (to another instance where there is one).",
+            "message": "The server answered none of this request: it is stopping, going to sleep, or its engine"
+            " failed. Send it again (to another instance where there is one).",
             "type": "ServiceUnavailableError",
             "param": None,
             "code": 503,
@@ -337,11 +337,18 @@ def _choice_verdict(choice) -> str | None:
     return None
 
 
+def _server_error(event) -> bool:
+    """An error event of the server's making (code 500 or above: its engine died or failed), not of the request's."""
+    error = event.get("error") if isinstance(event, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return isinstance(code, int) and not isinstance(code, bool) and code >= 500
+
+
 def serve_verdict(body: bytes):
     """What one body message of a completion shows, by its first payload that tells, when nothing served came before
-    it: "unserved" (vLLM aborted it, or its stream ended, before any token), "served" (a token, another finish
-    reason, an error, anything unknown: the client must have it), or None (nothing yet: a chat stream's first chunk
-    names the role alone; a usage chunk)."""
+    it: "unserved" (vLLM aborted it, its stream ended, or its engine failed, before any token), "served" (a token,
+    another finish reason, an error of the request, anything unknown: the client must have it), or None (nothing
+    yet: a chat stream's first chunk names the role alone; a usage chunk)."""
     for payload in _payloads(body):
         if payload == STREAM_END:
             return "unserved"
@@ -349,6 +356,8 @@ def serve_verdict(body: bytes):
             event = json.loads(payload)
         except ValueError:
             return "served"
+        if _server_error(event):
+            return "unserved"
         choices = event.get("choices") if isinstance(event, dict) else None
         if not isinstance(choices, list) or "error" in event:
             return "served"
@@ -361,10 +370,11 @@ def serve_verdict(body: bytes):
 
 class RetryableAborts:
     """Answer 503, with ABORTED_REFUSAL and Retry-After, for a completion (POST FINISHING_PATHS) that vLLM did not
-    serve: a 200 whose body ends, or says vLLM aborted it, before any token; or an error because vLLM is shutting
-    down (raised before any answer, or answered 500). Until that is known, the response's start and the body
-    messages without a token (a chat stream's role chunk) are held back, at most ABORT_HOLD_LIMIT of them; what
-    vLLM sends after a refusal is dropped. Any other answer passes as vLLM sends it."""
+    serve: a 200 whose body ends, says vLLM aborted it, or carries a server error (a dead engine's), before any
+    token; or an error because vLLM is shutting down (raised before any answer, or answered 500). Until that is
+    known, the response's start and the body messages without a token (a chat stream's role chunk) are held back,
+    at most ABORT_HOLD_LIMIT of them; what vLLM sends after a refusal is dropped. Any other answer passes as vLLM
+    sends it."""
 
     def __init__(self, app):
         self.app = app

@@ -119,6 +119,17 @@ def test_other_server_errors_pass_as_sent(client_sees):
     assert [sent[0]["status"], sent[1]["body"]] == [500, error]
 
 
+@pytest.mark.parametrize("completion", [text, delta], ids=["completion", "chat"])
+def test_a_stream_whose_engine_fails_before_its_first_token_is_refused_with_503(client_sees, completion):
+    """vLLM answers a stream 200 and then, its engine dead, an error event: a router takes that for an answer."""
+    first = event(ROLE_CHUNK) if completion is delta else event(USAGE_CHUNK)
+    dead = (
+        b'data: {"error": {"message": "EngineCore encountered an issue.", "type": "InternalServerError",'
+        b' "param": null, "code": 500}}\n\n'
+    )
+    assert refused(client_sees(app_sending(first, dead, b"data: [DONE]\n\n")))
+
+
 def test_a_whole_completion_aborted_is_refused_with_503(client_sees):
     whole = json.dumps({**text("", "abort"), "usage": USAGE_CHUNK["usage"]}).encode()
     assert refused(client_sees(app_sending(whole)))
@@ -130,10 +141,18 @@ def test_a_whole_completion_aborted_is_refused_with_503(client_sees):
         [event(text("Hel")), event(text("lo", "length")), b"data: [DONE]\n\n"],
         [event(text("Hel")), event(text("", "abort")), b"data: [DONE]\n\n"],  # cut off after a token: not ours
         [event(text("", "stop")), b"data: [DONE]\n\n"],
-        [b'data: {"error": {"message": "engine dead", "code": 500}}\n\n', b"data: [DONE]\n\n"],
+        [b'data: {"error": {"message": "max_tokens is too large", "code": 400}}\n\n', b"data: [DONE]\n\n"],
+        [event(text("Hel")), b'data: {"error": {"message": "engine dead", "code": 500}}\n\n', b"data: [DONE]\n\n"],
         [json.dumps(text("Hello", "length")).encode()],
     ],
-    ids=["finished", "cut-after-a-token", "empty-but-finished", "error-event", "whole"],
+    ids=[
+        "finished",
+        "cut-after-a-token",
+        "empty-but-finished",
+        "request-error-event",
+        "engine-died-after-a-token",
+        "whole",
+    ],
 )
 def test_any_answer_that_is_not_an_abort_before_the_first_token_passes_as_sent(client_sees, bodies):
     sent = client_sees(app_sending(*bodies))
