@@ -1,6 +1,13 @@
 """The deployment that every other integration test builds on."""
 
 import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tiny_main_pid(host) -> str:
+    return host.sh("systemctl show -p MainPID --value vllm-tiny.service").stdout.strip()
 
 
 def test_deployed_model_is_listed(deployed):
@@ -24,6 +31,22 @@ def test_one_role_of_deploy_yml_runs_alone_with_its_tag(deployed):
 def test_the_server_holds_the_open_files_its_unit_asks_for(deployed):
     """LimitNOFILE= as the inventory sets it (what the container's systemd can grant), in the server's own limits."""
     asked = json.loads(deployed.inventory.read_text())["vllm_hosts"]["hosts"][deployed.name]["vllm_server_limit_nofile"]
-    main_pid = deployed.sh("systemctl show -p MainPID --value vllm-tiny.service").stdout.strip()
+    main_pid = tiny_main_pid(deployed)
     limits = deployed.sh(f"grep '^Max open files' /proc/{main_pid}/limits").stdout.split()
     assert limits[3:5] == [str(asked), str(asked)], limits
+
+
+def test_a_deploy_that_renews_the_venv_s_packaging_restarts_its_instances(deployed):
+    """A newer collection's guard in the venv: the running server must start again to run it, once."""
+    guard = deployed.sh("ls /opt/vllm/venv/lib/python3*/site-packages/llmops_vllm_dev_guard.py").stdout.strip()
+    shipped = (ROOT / "roles" / "vllm_install" / "files" / "llmops_vllm_dev_guard.py").read_text()
+    main_pid = tiny_main_pid(deployed)
+    deployed.sh(f"echo '# the guard of an older release of the collection' >> {guard}")
+    proc = deployed.playbook("playbooks/deploy.yml", "-e", "model=tiny")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert deployed.sh(f"cat {guard}").stdout == shipped
+    restarted = tiny_main_pid(deployed)
+    assert restarted not in ("0", main_pid), (main_pid, restarted)
+    again = deployed.playbook("playbooks/deploy.yml", "-e", "model=tiny")
+    assert again.returncode == 0 and "changed=0" in again.stdout.split("PLAY RECAP")[1], again.stdout[-3000:]
+    assert tiny_main_pid(deployed) == restarted

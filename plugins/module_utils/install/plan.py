@@ -446,5 +446,7 @@ def plan(settings: dict, host: dict) -> dict:
             "package": package,
             "version": version,
             "device": device,
+            # The install changes what the venv's servers run: they start again to run it.
+            "updated": install_pending or bool(pack["pending"]),
         },
     }

