@@ -207,6 +207,17 @@ def stopseconds(stopped: dict | None) -> float:
     )
 
 
+def cut_off(stopped: dict | None) -> dict:
+    """The requests that the stops (or sleeps) of the replaced instances aborted, and those they refused after
+    SIGTERM, as the module counted them."""
+    reports = [result[step] for result in (stopped or {}).get("results") or [] for step in ("stop", "sleep")
+               if result.get(step)]  # fmt: skip
+    return {
+        "aborted_requests": sum(report.get("aborted_requests") or 0 for report in reports),
+        "refused_requests": sum(report.get("refused_requests") or 0 for report in reports),
+    }
+
+
 def timings(clock: dict, now, stopped=None, memory=None, started=None) -> dict:
     """Where a swap's time went, in seconds rounded to 0.1.
 
@@ -250,11 +261,14 @@ def summary_line(result: dict) -> str:
     rollback = f" + rollback {result['rollback']:g}" if result["rollback"] else ""
     asleep = f"; {', '.join(result['asleep'])} kept asleep" if result["asleep"] else ""
     prefetch = f"; prefetch: {result['prefetch']}" if result["prefetch"] else ""
+    requests = [f"{result[key]} {word}" for key, word in (("aborted_requests", "aborted"), ("refused_requests",
+                "refused after SIGTERM")) if result.get(key)]  # fmt: skip
+    cut = f"; requests the {result['mode']} cut off: {', '.join(requests)}" if requests else ""
     return (
         f"{result['result']} in {result['seconds']:g} s ({result['old']} -> {result['new']}); down "
         f"{result['downtime']:g} s = {result['mode']} {result['stop']:g} + GPU memory wait {result['memory_wait']:g}"
         f" + load {result['load']:g}{rollback} + the collection's own {result['overhead']:g}. {result['msg']}{asleep}"
-        f"{prefetch}"
+        f"{cut}{prefetch}"
     )
 
 
@@ -285,6 +299,7 @@ def swap_result(outcome, host, model, steps, now) -> dict:
         "mode": "sleep" if steps.get("sleeping") else "stop",
         "asleep": list(outcome.get("asleep") or []),
         "prefetch": (steps.get("prefetch") or {}).get("msg", ""),
+        **cut_off(steps.get("stopped")),
         **timings(steps.get("clock") or {}, now, steps.get("stopped"), steps.get("memory"), steps.get("started")),
     }
     result["summary"] = summary_line(result)

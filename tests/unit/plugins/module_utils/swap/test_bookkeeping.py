@@ -307,3 +307,23 @@ def test_a_swap_by_sleep_says_so_and_names_those_kept_asleep():
     slept_then_stopped = swap_outcome("swapped", "minimax_m25", old=steps["old"], sleeping=True)
     assert slept_then_stopped == {"result": "swapped", "msg": "minimax_m25 serves; kimi_k25 slept, then stopped",
                                   "asleep": []}  # fmt: skip
+
+
+def test_the_result_counts_the_requests_that_the_stop_cut_off():
+    stopped = {"results": [{"stop": {"elapsed": 4.0, "aborted_requests": 3, "refused_requests": 2}},
+                           {"stop": {"elapsed": 1.0, "aborted_requests": 1, "refused_requests": 0}}]}  # fmt: skip
+    steps = {
+        "old": [record("tiny2", version="0.32.0")],
+        "record": record("tiny", version="0.32.0"),
+        "clock": {"prepare": 0, "prepared": 1, "switch": 1, "down": 1, "up": 40},
+        "stopped": stopped,
+        "started": {"start": {"elapsed": 30.0}},
+    }
+    result = swap_result({"result": "swapped", "msg": "tiny serves"}, "h1", "tiny", steps, 41)
+    assert (result["aborted_requests"], result["refused_requests"]) == (4, 2)
+    assert result["summary"].endswith("tiny serves; requests the stop cut off: 4 aborted, 2 refused after SIGTERM")
+    quiet = swap_result(
+        {"result": "swapped", "msg": "tiny serves"}, "h1", "tiny", {**steps, "stopped": stop_result(5)}, 41
+    )
+    assert (quiet["aborted_requests"], quiet["refused_requests"]) == (0, 0)
+    assert quiet["summary"].endswith("tiny serves")
