@@ -142,14 +142,16 @@ def test_check_mode_lists_the_candidates_and_the_planner_s_verdicts_and_changes_
     assert unit_state(tune_host, "vllm-tiny_tune.service", "MainPID") == before
 
 
-def test_a_killed_tune_resumes_measures_nothing_twice_and_ends_as_the_host_began(tune_host, hub, report_dir):
+def test_a_killed_tune_resumes_measures_nothing_twice_and_ends_as_the_host_began(tune_host, hub, report_dir, tmp_path):
     other = unit_state(tune_host, "vllm-tiny.service", "MainPID", "ActiveEnterTimestampMonotonic")
     unit_file = tune_host.sh("sha256sum /etc/systemd/system/vllm-tiny_tune.service").stdout
 
     # 1. Killed once a candidate is measured: the controller is gone, the host is mid-tune.
     started = time.monotonic()
-    first = subprocess.Popen(tune_command(tune_host, hub, report_dir), cwd=ROOT, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    log = tmp_path / "first-run.log"
+    with log.open("w") as output:
+        first = subprocess.Popen(tune_command(tune_host, hub, report_dir), cwd=ROOT, stdout=output,
+                                 stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     try:
         deadline = time.monotonic() + TUNE_TIMEOUT
         while time.monotonic() < deadline and first.poll() is None:
@@ -157,9 +159,10 @@ def test_a_killed_tune_resumes_measures_nothing_twice_and_ends_as_the_host_began
             if saved and any(row["verdict"] == "measured" for row in saved["candidates"]):
                 break
             time.sleep(2)
-        assert first.poll() is None, "the tune ended before it could be interrupted"
+        assert first.poll() is None, f"the tune ended before it could be interrupted:\n{log.read_text()[-6000:]}"
     finally:
-        os.killpg(first.pid, signal.SIGKILL)
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
         first.wait()
     interrupted = report(tune_host, report_dir)
     assert interrupted["state"] == {"in_progress": True, "serving": True}

@@ -60,9 +60,11 @@ def clashes(instance: dict, other: dict, gpu_count: int) -> list[str]:
 def _one(item, index: int, default_port: int, gpu_count: int | None) -> dict:
     if not isinstance(item, dict):
         raise InstanceError(f"instance {index + 1} must be a mapping with model, name, port and gpus, got {item!r}")
-    unknown = sorted(set(item) - {"name", "model", "port", "gpus"})
+    unknown = sorted(set(item) - {"name", "model", "port", "gpus", "catalog_paths"})
     if unknown:
-        raise InstanceError(f"instance {index + 1} has unknown keys {unknown}; it takes name, model, port and gpus")
+        raise InstanceError(
+            f"instance {index + 1} has unknown keys {unknown}; it takes name, model, port, gpus and catalog_paths"
+        )
     model = item.get("model")
     if not isinstance(model, str) or not model:
         raise InstanceError(f"instance {index + 1} needs a model (a catalog name), got {model!r}")
@@ -85,12 +87,17 @@ def _one(item, index: int, default_port: int, gpu_count: int | None) -> dict:
             raise InstanceError(
                 f"instance {name}: GPU {','.join(map(str, missing))} does not exist; the host has {has}"
             )
+    catalog_paths = item.get("catalog_paths", [])
+    listed = isinstance(catalog_paths, (list, tuple))
+    if not listed or not all(path and isinstance(path, str) for path in catalog_paths):
+        raise InstanceError(f"instance {name}: catalog_paths must be a list of directories, got {catalog_paths!r}")
     return {
         "name": name,
         "model": model,
         "port": int(port),
         "gpus": gpus,
         "cuda_visible_devices": ",".join(map(str, gpus)),
+        **({"catalog_paths": list(catalog_paths)} if catalog_paths else {}),
     }
 
 

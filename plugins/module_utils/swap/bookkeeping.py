@@ -33,8 +33,11 @@ class SwapError(ValueError):
     """A swap asked of instances or settings that do not fit; the message says which."""
 
 
-def new_instance(model, records, version, name="", replace="", port=None, gpus=None, default_port=8000) -> dict:
-    """The new instance of a swap to `model`, as the vllm_preflight role takes it: {name, model, port, gpus}.
+def new_instance(
+    model, records, version, name="", replace="", port=None, gpus=None, default_port=8000, catalog_paths=()
+) -> dict:
+    """The new instance of a swap to `model`, as the vllm_preflight role takes it: {name, model, port, gpus}, and
+    catalog_paths where given (directories searched for the model before the user's catalog).
 
     records: the host's instance records; version: the vLLM release the new instance runs. Its name is
     `name`, else the model's, unless the model's own instance runs another release: then MODEL-VERSION, so the
@@ -61,7 +64,8 @@ def new_instance(model, records, version, name="", replace="", port=None, gpus=N
         name = f"{model}-{version}" if other_release else model
     chosen_port = port if port not in (None, "", 0) else replaced.get("port", default_port)
     chosen_gpus = gpus if gpus is not None else replaced.get("gpus", [])
-    return {"name": name, "model": model, "port": chosen_port, "gpus": chosen_gpus}
+    spec = {"name": name, "model": model, "port": chosen_port, "gpus": chosen_gpus}
+    return {**spec, "catalog_paths": list(catalog_paths)} if catalog_paths else spec
 
 
 def meminfo_mib(text: str) -> dict:

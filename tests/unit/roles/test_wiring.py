@@ -196,6 +196,23 @@ def test_a_setting_of_the_collection_is_one_declaration_wherever_a_role_reads_it
     assert set(map(repr, defaults.values())) == {repr(next(iter(declarations.values())).get("default"))}, defaults
 
 
+@pytest.mark.parametrize("path", all_task_files(), ids=lambda path: str(path.relative_to(ROOT)))
+def test_no_task_sets_a_setting_of_the_collection_for_the_roles_it_runs(path):
+    """A setting given with -e wins over any task's vars or fact: the tune once gave the swap its candidates'
+    directory as vllm_catalog_paths, and a user's -e vllm_catalog_paths hid every candidate. What a role adds to a
+    setting goes through an option of the role it runs (vllm_swap_model_catalog_paths)."""
+    settings = collection_settings()
+    set_here = [
+        (task.get("name"), name)
+        for task in tasks_of(path)
+        for values in (task.get("vars"), task.get("ansible.builtin.set_fact"), task.get("set_fact"))
+        if isinstance(values, dict)
+        for name in values
+        if name in settings
+    ]
+    assert set_here == []
+
+
 @pytest.mark.parametrize("role", ROLES)
 def test_every_role_declares_its_entry_points(role):
     specs = specs_of(role)

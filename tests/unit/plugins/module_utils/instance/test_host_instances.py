@@ -18,6 +18,11 @@ def test_defaults_name_port_and_gpus():
     ]
 
 
+def test_an_instance_s_own_catalog_paths_go_with_it():
+    [instance] = normalize([{"model": "tiny_tune_tune_1a", "catalog_paths": ["/tmp/tune/catalog"]}])
+    assert instance["catalog_paths"] == ["/tmp/tune/catalog"]
+
+
 def test_two_tp4_models_on_eight_gpus():
     instances = normalize(
         [{"model": "minimax_m25", "gpus": "0,1,2,3"}, {"model": "kimi_k25", "gpus": [7, 6, "5", 4], "port": "8001"}],
@@ -45,6 +50,8 @@ def test_two_tp4_models_on_eight_gpus():
         ([{"model": "a", "gpu": "0"}], r"unknown keys \['gpu'\]"),
         ([{"model": "a", "gpus": "0,x"}], "instance a: gpus must hold GPU indices"),
         ([{"model": "a", "gpus": [1, 1]}], "names a GPU twice"),
+        ([{"model": "a", "catalog_paths": "/srv/catalog"}], "instance a: catalog_paths must be a list of directories"),
+        ([{"model": "a", "catalog_paths": [""]}], "catalog_paths must be a list of directories"),
         (["tiny"], "must be a mapping"),
         ([], "non-empty list"),
     ],

@@ -1,6 +1,7 @@
 import pytest
 
 from ansible_collections.llmops.vllm.plugins.module_utils.common.clock import ClockError
+from ansible_collections.llmops.vllm.plugins.module_utils.instance.host_instances import normalize
 from ansible_collections.llmops.vllm.plugins.module_utils.swap.bookkeeping import (
     SwapError,
     budget_spent,
@@ -41,6 +42,12 @@ def test_without_an_instance_to_replace_it_takes_the_default_port_and_every_gpu(
         "port": 8000,
         "gpus": [],
     }
+
+
+def test_the_new_model_s_catalog_paths_go_with_the_instance_to_the_preflight():
+    spec = new_instance("tiny_tune_tune_1a", [record("tiny")], "0.32.0", catalog_paths=["/tmp/tune/catalog"])
+    assert spec["catalog_paths"] == ["/tmp/tune/catalog"]
+    assert normalize([spec])[0]["catalog_paths"] == ["/tmp/tune/catalog"]
 
 
 def test_port_and_gpus_given_win():
