@@ -34,6 +34,8 @@ Steps (in this order; --steps picks some, e.g. to split the run over two GPU com
             the planner's memory figures beside vLLM's
   fleet_seed  this host as a second host of the fleet: the seed's compile cache removed, deploy.yml unpacks the
             store's archive before the unit starts
+  serve_seed  the seed-shaped model through deploy, bench (C = 1, 8, 32, 128), a swap by sleep to host_a and back,
+            a swap to host_broken rolled back by waking it, and a stop under 16 streams
   prefetch  swap.yml from host_a to host_b by stop with the weights out of the page cache, without the prefetch, and
             back with it
 
@@ -73,7 +75,7 @@ STREAM_CLIENTS = ROOT / "tests" / "integration" / "stream_clients.py"
 # runs out of time loses the last steps).
 STEPS = (
     "weights", "deploy", "bench", "stop", "kill", "share", "swap", "rollout", "tune", "end",
-    "start_seed", "fleet_seed", "prefetch", "start_a", "probe",
+    "start_seed", "fleet_seed", "serve_seed", "prefetch", "start_a", "probe",
 )  # fmt: skip
 CONFIG_DIR = Path("/etc/vllm")
 # The service's home (vllm_server_home), where vLLM keeps its caches (VLLM_CACHE_ROOT is ~/.cache/vllm/RELEASE/ENTRY).
@@ -578,31 +580,38 @@ def step_deploy(results: Results, host: GpuHost, args):
 
 
 def step_bench(results: Results, host: GpuHost, args):
-    outcome = run_step(
-        results, host, "bench", "levels", "bench.yml",
-        {"model": "host_a", "vllm_bench_concurrency": BENCH_LEVELS},
-    )  # fmt: skip
+    bench_levels(results, host, "bench", {"model": "host_a"})
+
+
+def bench_levels(results: Results, host: GpuHost, step: str, *variables):
+    """bench.yml at BENCH_LEVELS: vllm_bench's figures per level."""
+    outcome = run_step(results, host, step, "levels", "bench.yml", *variables, {"vllm_bench_concurrency": BENCH_LEVELS})
     levels = []
     for result in results_of(outcome["report"], "vllm_bench"):
         for level in result.get("levels") or []:
             levels.append({key: level.get(key) for key in (
                 "max_concurrency", "completed", "failed", "output_throughput", "median_ttft_ms", "median_itl_ms",
                 "median_tpot_ms", "duration")})  # fmt: skip
-    results.add("bench", "figures", levels)
+    results.add(step, "figures", levels)
 
 
 def step_stop(results: Results, host: GpuHost, args):
-    streams = Streams(host, "host_a", "stop", args.stream_tokens)
+    stop_under_streams(results, host, "stop", "host_a", args)
+    run_step(results, host, "stop", "deploy_again", "deploy.yml", {"model": "host_a"}, unit=unit_of("host_a"))
+
+
+def stop_under_streams(results: Results, host: GpuHost, step: str, instance: str, args):
+    """stop.yml of the instance with 16 streams in flight: the stop's phases, the streams' outcome, the GPU memory."""
+    streams = Streams(host, instance, step, args.stream_tokens)
     streaming = streams.wait_streaming()
-    outcome = run_step(results, host, "stop", "with_streams", "stop.yml", {"instance": "host_a"})
-    results.add("stop", "streams", {"streaming_before": streaming, **streams.outcome()})
-    results.add("stop", "service", [result.get("stop") for result in results_of(outcome["report"], "vllm_service")])
-    results.add("stop", "gpu_memory_wait", [
+    outcome = run_step(results, host, step, "with_streams", "stop.yml", {"instance": instance})
+    results.add(step, "streams", {"streaming_before": streaming, **streams.outcome()})
+    results.add(step, "service", [result.get("stop") for result in results_of(outcome["report"], "vllm_service")])
+    results.add(step, "gpu_memory_wait", [
         {key: result.get(key) for key in ("elapsed", "gpus", "msg", "terminated")}
         for result in results_of(outcome["report"], "gpu_memory_wait")
     ])  # fmt: skip
-    results.add("stop", "gpu_used_mib_after", gpu_used_mib())
-    run_step(results, host, "stop", "deploy_again", "deploy.yml", {"model": "host_a"}, unit=unit_of("host_a"))
+    results.add(step, "gpu_used_mib_after", gpu_used_mib())
 
 
 def engine_core_pid(host: GpuHost, unit: str) -> int | None:
@@ -965,6 +974,35 @@ def step_fleet_seed(results: Results, host: GpuHost, args):
         raise RuntimeError("the deploy of the seed-shaped model with the store failed")
     results.add("fleet_seed", "serves", serves(host, "seed"))
     run_step(results, host, "fleet_seed", "stop_all", "stop.yml")
+
+
+def step_serve_seed(results: Results, host: GpuHost, args):
+    """The seed-shaped model through the playbooks that host_a's steps run: deploy.yml (with the compile cache that
+    start_seed left), bench.yml at C = 1, 8, 32, 128, swap.yml by sleep to host_a and back to the seed, then to
+    host_broken, rolled back by waking the seed, and stop.yml with 16 streams in flight. Every load of this step is
+    of random weights (vllm_server_load_format is the host's), host_a's too."""
+    unit = unit_of("seed")
+    first = run_step(results, host, "serve_seed", "deploy", "deploy.yml", SEED_WITH_STORE, unit=unit, timeout=900)
+    if first["rc"]:
+        raise RuntimeError("the deploy of the seed-shaped model failed")
+    bench_levels(results, host, "serve_seed", {"model": "seed"})
+    # A sleeping instance keeps its port: each new one takes a port of its own.
+    mode = {"vllm_swap_mode": "sleep"} if args.sleep else {}
+    store = {key: value for key, value in SEED_WITH_STORE.items() if key != "model"}
+    run_swap(results, host, "to_a", {"model": "host_a", "vllm_swap_port": 8001}, store, mode, unit=unit_of("host_a"),
+             step="serve_seed")  # fmt: skip
+    results.add("serve_seed", "to_a_serves", serves(host, "host_a"))
+    run_swap(results, host, "back_to_seed", {"model": "seed", "vllm_swap_port": 8002}, store, mode, unit=unit,
+             step="serve_seed")  # fmt: skip
+    results.add("serve_seed", "back_to_seed_serves", serves(host, "seed"))
+    broken = run_swap(results, host, "to_broken", {"model": "host_broken", "vllm_swap_port": 8003}, store, mode,
+                      step="serve_seed")  # fmt: skip
+    results.add(
+        "serve_seed", "broken_result",
+        [result.get("msg") for result in results_of(broken["report"], "vllm_service")][-3:],
+    )  # fmt: skip
+    results.add("serve_seed", "seed_serves_after_the_rollback", serves(host, "seed"))
+    stop_under_streams(results, host, "serve_seed", "seed", args)
 
 
 def evict(path: Path) -> dict:
