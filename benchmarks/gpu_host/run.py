@@ -986,8 +986,9 @@ def step_serve_seed(results: Results, host: GpuHost, args):
     if first["rc"]:
         raise RuntimeError("the deploy of the seed-shaped model failed")
     bench_levels(results, host, "serve_seed", {"model": "seed"})
-    # A sleeping instance keeps its port: each new one takes a port of its own.
-    mode = {"vllm_swap_mode": "sleep"} if args.sleep else {}
+    # A sleeping instance keeps its port: each new one takes a port of its own. An instance without sleep mode is
+    # stopped instead (each swap's account says which).
+    mode = {"vllm_swap_mode": "sleep", "vllm_swap_sleep_fallback": True} if args.sleep else {}
     store = {key: value for key, value in SEED_WITH_STORE.items() if key != "model"}
     run_swap(results, host, "to_a", {"model": "host_a", "vllm_swap_port": 8001}, store, mode, unit=unit_of("host_a"),
              step="serve_seed")  # fmt: skip

@@ -125,7 +125,9 @@ options:
     type: float
     default: 1
   journal_lines:
-    description: Journal lines of the unit to return when a start fails.
+    description:
+      - Journal lines of the unit to return when a start fails. The errors that the message names are looked for
+        in the whole run, up to its last 2000 lines.
     type: int
     default: 40
 notes:

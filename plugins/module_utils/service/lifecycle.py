@@ -60,6 +60,9 @@ STOP_POLL_INTERVAL = 0.2
 # journald reads a service's output asynchronously: the last lines of a crash may arrive after systemd
 # has recorded the exit. Seconds to wait for them.
 JOURNAL_CATCH_UP = 3.0
+# Lines of a failed run searched for its errors: an engine's traceback and the API server's after it run to a few
+# hundred lines, and the engine's, which comes first, names the cause.
+ERROR_SEARCH_LINES = 2000
 # A process whose start is this close to the main process's start may have been forked by it.
 START_SLACK_SECONDS = 2.0
 # After a stop, vLLM's API server waits for its open connections to close once its engine has exited, and
@@ -196,8 +199,10 @@ class Lifecycle:
     def _fail_start(self, result):
         invocation = self.unit.state().invocation_id
 
+        # The cause is the engine's traceback, which the API server's own traceback follows: the errors are looked
+        # for in the whole run, not only in the lines shown.
         def journal_has_errors():
-            journal = self.unit.journal(invocation, self.settings.journal_lines)
+            journal = self.unit.journal(invocation, ERROR_SEARCH_LINES)
             return bool(error_lines(journal)), journal
 
         journal = wait_for(journal_has_errors, JOURNAL_CATCH_UP, interval=0.5).observed
@@ -214,7 +219,10 @@ class Lifecycle:
             message += ["Errors in its journal (the first is usually the cause):", *errors]
         message += ["Last lines of its journal:", *journal[-10:]]
         raise ServiceError(
-            "\n".join(message), elapsed=round(result.elapsed, 3), observed=result.observed, journal=journal
+            "\n".join(message),
+            elapsed=round(result.elapsed, 3),
+            observed=result.observed,
+            journal=journal[-self.settings.journal_lines :],
         )
 
     # ---- stop ------------------------------------------------------------------------------------------

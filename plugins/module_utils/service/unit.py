@@ -44,6 +44,9 @@ ERROR_LINE = re.compile(r"Error|error:|Traceback|Killed|out of memory|OOM|CUDA",
 # vLLM's own log lines below ERROR ("WARNING 12-01 15:45:22 [...]"), which may still name an error: the
 # ulimit warning of every start says "failed to automatically increase with error ...".
 BELOW_ERROR = re.compile(r"\b(?:DEBUG|INFO|WARNING) \d\d-\d\d \d\d:\d\d:\d\d\b")
+# A traceback's frames, the source lines they echo and their carets, indented after vLLM's process prefix
+# ("(EngineCore pid=978) "): "    raise RuntimeError(" names no cause; the exception's own line is not indented.
+TRACEBACK_BODY = re.compile(r"^(?:\([\w:]+ pid=\d+\) )?\s")
 # vLLM's lines when its engine dies, most telling first: the executor names the process that died and how,
 # the engine core says it failed, the API server's client sees the engine core's process gone.
 ENGINE_DEATH = (
@@ -223,7 +226,8 @@ def error_lines(lines: list[str], limit: int = 12) -> list[str]:
     """The distinct lines that look like errors, oldest first: the first of them is usually the cause."""
     seen, found = set(), []
     for line in lines:
-        if ERROR_LINE.search(line) and not BELOW_ERROR.search(line) and line not in seen:
+        told = ERROR_LINE.search(line) and not BELOW_ERROR.search(line) and not TRACEBACK_BODY.match(line)
+        if told and line not in seen:
             seen.add(line)
             found.append(line)
     return found[:limit]

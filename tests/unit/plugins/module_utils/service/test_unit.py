@@ -110,6 +110,24 @@ def test_error_lines_keeps_the_first_of_each_and_their_order():
     assert error_lines(journal) == [journal[2], journal[3], journal[5]]
 
 
+def test_error_lines_skip_a_traceback_s_frames_and_source_lines():
+    """The API server's traceback after the engine's died echoes `raise RuntimeError(` and paths with cuda in them;
+    the exceptions' own lines, each process's, are what name the cause."""
+    journal = [
+        "(EngineCore pid=978) ERROR 12-06 12:24:40 [core.py:1100] EngineCore failed to start.",
+        "(EngineCore pid=978) Traceback (most recent call last):",
+        '(EngineCore pid=978)   File "/opt/vllm/venv/lib/python3.12/site-packages/vllm/v1/worker/gpu/cuda_graph.py",'
+        " line 80, in capture",
+        "(EngineCore pid=978)     raise CudaError(",
+        "(EngineCore pid=978)            ^^^^^^^^^^",
+        "(EngineCore pid=978) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+        "(APIServer pid=838)     raise RuntimeError(",
+        "    raise RuntimeError(",
+        "(APIServer pid=838) RuntimeError: Engine core initialization failed. See root cause above.",
+    ]
+    assert error_lines(journal) == [journal[0], journal[1], journal[5], journal[8]]
+
+
 def run_for_real(command):
     proc = subprocess.run(command, capture_output=True, text=True, check=False)
     return proc.returncode, proc.stdout, proc.stderr
