@@ -36,6 +36,9 @@ MANAGED_FLAGS = {
     "--enable-sleep-mode": "sleep_mode",
 }
 
+# The KV cache's size in bytes: vLLM then skips its own sizing from the memory profile.
+KV_CACHE_FLAG = "--kv-cache-memory-bytes"
+
 # VLLM_SERVER_DEV_MODE=1 opens vLLM's development endpoints (/sleep, /wake_up, /collective_rpc, /reset_*,
 # /server_info and more), which --api-key does not guard. Where they are open, this ASGI middleware (the
 # vllm_install role puts it in every venv) lets clients other than loopback reach the API alone.
@@ -174,7 +177,8 @@ def build_serve_args(spec):
 
     spec keys: model, served_name, host, port (required); layout (tensor/pipeline/data/expert parallel
     sizes); max_model_len, max_num_seqs, gpu_memory_utilization, shutdown_timeout, load_format,
-    trust_remote_code, sleep_mode, dev_endpoints, extra_args (optional). Raises ServeSpecError naming the key
+    trust_remote_code, sleep_mode, kv_cache_memory_bytes (given to vLLM under sleep mode alone), dev_endpoints,
+    extra_args (optional). Raises ServeSpecError naming the key
     at fault.
     """
     served_name = _required_text(spec, "served_name")
@@ -225,10 +229,17 @@ def build_serve_args(spec):
         args.append("--trust-remote-code")
     if dev_endpoints_open(spec):
         args += ["--middleware", DEV_ENDPOINTS_GUARD]
+    extra_args = _checked_extra_args(spec.get("extra_args") or [])
     if _switch(spec, "sleep_mode"):
         args.append("--enable-sleep-mode")
+        # Under sleep mode vLLM's memory profile misses what its own allocator holds and sizes the KV cache past
+        # what the GPU has left (vLLM issue 40256): a 57 GiB FP8 model on an 80 GB GPU was given 20.6 GiB where
+        # 11.7 GiB fit, and its start failed. The plan's KV cache is given instead, unless extra_args gives one.
+        kv_cache_bytes = spec.get("kv_cache_memory_bytes") or 0
+        if kv_cache_bytes and KV_CACHE_FLAG not in map(_flag_name, extra_args):
+            args += [KV_CACHE_FLAG, str(_positive_int(kv_cache_bytes, "kv_cache_memory_bytes"))]
 
-    return args + _checked_extra_args(spec.get("extra_args") or [])
+    return args + extra_args
 
 
 def compile_cache_environment(home: str, vllm_version: str, model: str) -> dict:

@@ -220,6 +220,19 @@ def test_sleep_mode_opens_the_development_endpoints_behind_the_guard():
     assert environment == {**BASE_ENVIRONMENT, "VLLM_SERVER_DEV_MODE": "1"}
 
 
+def test_under_sleep_mode_the_plan_s_kv_cache_is_given_to_vllm():
+    """vLLM sizes the KV cache past the GPU under sleep mode (its issue 40256): the plan's figure goes instead."""
+    planned = {**BASE, "sleep_mode": True, "kv_cache_memory_bytes": 12562473369}
+    assert build_serve_args(planned)[-2:] == ["--kv-cache-memory-bytes", "12562473369"]
+    # Without sleep mode vLLM's own sizing holds; a size of the user's own in extra_args wins.
+    assert "--kv-cache-memory-bytes" not in build_serve_args({**planned, "sleep_mode": False})
+    own = build_serve_args({**planned, "extra_args": ["--kv-cache-memory-bytes=8000000000"]})
+    assert [arg for arg in own if arg.startswith("--kv-cache")] == ["--kv-cache-memory-bytes=8000000000"]
+    assert "--kv-cache-memory-bytes" not in build_serve_args({**planned, "kv_cache_memory_bytes": 0})
+    with pytest.raises(ServeSpecError, match="kv_cache_memory_bytes must be a whole number of at least 1"):
+        build_serve_args({**planned, "kv_cache_memory_bytes": -5})
+
+
 def test_development_endpoints_alone_come_with_the_guard_and_without_sleep_mode():
     args = build_serve_args({**BASE, "dev_endpoints": True})
     assert args[len(BASE_ARGS) + 2 :] == ["--middleware", "llmops_vllm_dev_guard.LoopbackOnlyDevEndpoints"]
