@@ -25,6 +25,14 @@ options:
     type: list
     elements: path
     default: []
+  first_paths:
+    description:
+      - Directories searched before O(paths), such as the directory of entries that a tune writes for its
+        candidates (an instance's C(catalog_paths)).
+    type: list
+    elements: path
+    default: []
+    version_added: 0.9.0
 """
 
 EXAMPLES = r"""
@@ -67,7 +75,7 @@ COLLECTION_CATALOG = os.path.join(os.path.dirname(__file__), os.pardir, os.pardi
 class LookupModule(LookupBase):
     def run(self, terms, variables=None, **kwargs):
         self.set_options(var_options=variables, direct=kwargs)
-        directories = [*self.get_option("paths"), os.path.normpath(COLLECTION_CATALOG)]
+        directories = [*self.get_option("first_paths"), *self.get_option("paths"), os.path.normpath(COLLECTION_CATALOG)]
         entries = []
         for name in terms:
             try:

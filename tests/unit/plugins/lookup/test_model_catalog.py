@@ -22,6 +22,18 @@ def test_user_entry_comes_first(catalog, tmp_path):
     assert entry["max_num_seqs"] == 8
 
 
+def test_first_paths_come_before_the_user_s_given_as_one_string(catalog, tmp_path):
+    """A tune's candidates (first_paths) before the user's catalog, which -e may give as one path string."""
+    first, user = tmp_path / "candidates", tmp_path / "user"
+    for directory, served in ((first, "candidate"), (user, "user")):
+        directory.mkdir()
+        (directory / "tiny.yml").write_text(f"source: {{kind: generated}}\nserved_name: {served}\n")
+    [entry] = catalog.run(["tiny"], variables={}, paths=str(user), first_paths=[str(first)])
+    assert entry["served_name"] == "candidate"
+    [entry] = catalog.run(["tiny"], variables={}, paths=str(user), first_paths=[])
+    assert entry["served_name"] == "user"
+
+
 def test_unknown_model_lists_known_ones(catalog):
     with pytest.raises(
         AnsibleLookupError, match=r"unknown model 'nope'.*knows: kimi_k25, kimi_k25_nvfp4, minimax_m25, tiny"
