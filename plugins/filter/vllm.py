@@ -40,6 +40,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils.service.serve_command 
     build_serve_args,
     build_server_environment,
     layout_gpu_count,
+    model_info_sharing,
 )
 from ansible_collections.llmops.vllm.plugins.module_utils.service.systemd import (
     SystemdSyntaxError,
@@ -95,6 +96,7 @@ class FilterModule:
             "vllm_bench_option_problem": option_problem,
             "vllm_serve_args": _as_filter_error(build_serve_args),
             "vllm_server_environment": _as_filter_error(build_server_environment),
+            "vllm_model_info_sharing": _as_filter_error(model_info_sharing),
             "vllm_layout_gpu_count": layout_gpu_count,
             "systemd_exec_line": _as_filter_error(exec_line),
             "systemd_environment_file": _as_filter_error(environment_file),

@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import tarfile
 import tempfile
 
@@ -119,13 +120,15 @@ def key_differences(wanted: dict, found: dict) -> list[str]:
 
 
 def contents(path: str) -> tuple[int, int]:
-    """The files under `path` and their bytes; (0, 0) when it is missing."""
+    """The regular files under `path` and their bytes, links not followed (an archive holds nothing else); (0, 0)
+    when it is missing."""
     files = size = 0
     for directory, _subdirectories, names in os.walk(path):
         for name in names:
             status = os.lstat(os.path.join(directory, name))
-            files += 1
-            size += status.st_size
+            if stat.S_ISREG(status.st_mode):
+                files += 1
+                size += status.st_size
     return files, size
 
 
@@ -187,7 +190,8 @@ def _checked_members(tar: tarfile.TarFile, archive: str) -> list[tarfile.TarInfo
 
 
 def unpack(archive: str, path: str, owner: tuple[int, int]) -> int:
-    """Put the archive's cache at `path` (missing or empty), owned by `owner`; the number of files.
+    """Put the archive's cache at `path` (missing, or holding no file: the unit's link to its release's modelinfos
+    at most), owned by `owner`; the number of files.
 
     Unpacked beside `path` and renamed into place: the server finds the whole cache or none of it.
     """
@@ -212,7 +216,7 @@ def unpack(archive: str, path: str, owner: tuple[int, int]) -> int:
             for name in names:
                 os.chown(os.path.join(directory, name), *owner)
         if os.path.isdir(path):
-            os.rmdir(path)  # empty: the caller found nothing in it
+            shutil.rmtree(path)  # no file in it (contents): directories and links, which rmtree does not follow
         os.rename(staging, path)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

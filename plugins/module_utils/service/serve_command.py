@@ -14,6 +14,8 @@ import re
 from ansible_collections.llmops.vllm.plugins.module_utils.instance.record import API_KEY_VARIABLE
 
 WHOLE_NUMBER = re.compile(r"[0-9]+\Z")
+# Where vLLM keeps what it learnt of each model class, under VLLM_CACHE_ROOT.
+MODEL_INFO_DIRECTORY = "modelinfos"
 DECIMAL_NUMBER = re.compile(r"[0-9]*\.?[0-9]+\Z")
 
 # Flags that this function writes from the spec: in extra_args they would contradict the spec,
@@ -250,6 +252,34 @@ def compile_cache_environment(home: str, vllm_version: str, model: str) -> dict:
     """
     root = f"{home}/.cache/vllm/{_path_part(vllm_version)}/{_path_part(model)}"
     return {"VLLM_CACHE_ROOT": root, "TRITON_CACHE_DIR": f"{root}/triton"}
+
+
+def model_info_sharing(settings: dict) -> list[list[str]]:
+    """The commands (the unit's ExecStartPre=) that let an entry's compile cache read vLLM's answers about model
+    classes from a directory that every entry of the release shares.
+
+    vLLM learns what a model's class supports by importing it in a Python process of its own, seconds at the first
+    start of each entry, unless VLLM_CACHE_ROOT/modelinfos holds the answer already, kept per class with its source
+    file's hash: an answer found for one entry holds for every entry of the same architecture on the release, so a
+    swap to a new entry of a model family does not pay it again. The link is not packed with the compile cache
+    (llmops.vllm.vllm_compile_cache takes regular files alone).
+
+    settings: environment (build_server_environment's), home, vllm_version, model. None where the environment puts
+    VLLM_CACHE_ROOT elsewhere (a catalog entry's env): that directory is left as the user made it.
+    """
+    if not (settings.get("vllm_version") and settings.get("model")):
+        return []
+    root = compile_cache_environment(_required_text(settings, "home"), settings["vllm_version"], settings["model"])
+    own = root["VLLM_CACHE_ROOT"]
+    if (settings.get("environment") or {}).get("VLLM_CACHE_ROOT") != own:
+        return []
+    shared = f"{own.rsplit('/', 1)[0]}/{MODEL_INFO_DIRECTORY}"
+    return [
+        ["/bin/mkdir", "-p", shared, own],
+        # A directory that a start before this setting made stays where it is: its answers hold as well.
+        ["/bin/sh", "-c", f'[ -d "$0" ] && [ ! -L "$0" ] || exec /bin/ln -sfnT ../{MODEL_INFO_DIRECTORY} "$0"',
+         f"{own}/{MODEL_INFO_DIRECTORY}"],
+    ]  # fmt: skip
 
 
 def _path_part(name: str) -> str:

@@ -8,7 +8,9 @@ ansible-playbook on this machine, in check mode, and must refuse before anything
 
 from __future__ import annotations
 
+import shlex
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -168,3 +170,37 @@ def test_pythons_bytecode_and_vllms_caches_go_under_the_home_that_the_sandbox_le
     assert environment["VLLM_CACHE_ROOT"] == f"{home}/.cache/vllm/0.32.0/tiny"
     assert environment["TRITON_CACHE_DIR"] == f"{home}/.cache/vllm/0.32.0/tiny/triton"
     assert directives(unit, "PrivateTmp") == ["yes"]
+
+
+def start_preparations(unit):
+    """The unit's ExecStartPre= commands as systemd runs them: quotes undone, `$$` and `%%` read as `$` and `%`."""
+    return [
+        [argument.replace("$$", "$").replace("%%", "%") for argument in shlex.split(line)]
+        for line in directives(unit, "ExecStartPre")
+    ]
+
+
+def test_the_entries_of_a_release_share_vllms_answers_about_model_classes(tmp_path):
+    """vLLM imports a model's class in a Python process of its own at an entry's first start unless
+    VLLM_CACHE_ROOT/modelinfos answers: a second entry of the same architecture finds the first one's answer. The
+    commands run here as the unit runs them, on a new home, again, and where an older start left a directory."""
+    home = tmp_path / "home"
+    release = home / ".cache" / "vllm" / "0.26.0"
+    for model in ("tiny", "tiny_v2"):
+        commands = start_preparations(render_unit(vllm_server_home=str(home), vllm_server_model=model))
+        for _start in (1, 2):
+            for command in commands:
+                subprocess.run(command, check=True)
+        assert (release / model / "modelinfos").readlink() == Path("../modelinfos")
+    (release / "modelinfos" / "llama.json").write_text("{}")
+    assert (release / "tiny_v2" / "modelinfos" / "llama.json").read_text() == "{}"
+    older = release / "tiny_old" / "modelinfos"
+    older.mkdir(parents=True)
+    for command in start_preparations(render_unit(vllm_server_home=str(home), vllm_server_model="tiny_old")):
+        subprocess.run(command, check=True)
+    assert older.is_dir() and not older.is_symlink() and list(older.iterdir()) == []
+
+
+def test_a_cache_root_that_the_catalog_entry_chooses_is_left_as_the_user_made_it():
+    unit = render_unit(vllm_server_env={"VLLM_CACHE_ROOT": "/var/lib/vllm/my-cache"})
+    assert directives(unit, "ExecStartPre") == []

@@ -106,6 +106,26 @@ def test_unpacking_fills_a_missing_directory_whole_and_owned(tmp_path):
     assert [path.name for path in target.parent.iterdir()] == ["minimax_m25"]
 
 
+def test_a_directory_with_the_units_link_alone_holds_no_cache_and_is_filled(tmp_path):
+    """The unit links the entry's modelinfos to its release's before each start: an entry whose start made nothing
+    else has no cache of its own, and the fleet's archive replaces the directory, link and all."""
+    cache, archive = tmp_path / "made", tmp_path / "c.tar.gz"
+    cache.mkdir()
+    fill(cache)
+    write_archive(str(cache), cache_key(RECORD, ARGV, ENVIRONMENT, cpu_device("", "AVX2")), str(archive))
+    release = tmp_path / "home" / ".cache" / "vllm" / "0.26.0"
+    (release / "modelinfos").mkdir(parents=True)
+    (release / "modelinfos" / "llama.json").write_text("{}")
+    target = release / "minimax_m25"
+    target.mkdir()
+    (target / "modelinfos").symlink_to("../modelinfos")
+    (target / "dangling").symlink_to("../nowhere")
+    assert contents(str(target)) == (0, 0)
+    assert unpack(str(archive), str(target), (os.getuid(), os.getgid())) == 2
+    assert sorted(path.name for path in target.iterdir()) == ["deep_gemm", "torch_compile_cache"]
+    assert (release / "modelinfos" / "llama.json").read_text() == "{}"
+
+
 def evil_archive(path, name, kind=tarfile.REGTYPE):
     with tarfile.open(path, "w:gz") as tar:
         text = json.dumps({"format": 1}).encode()
