@@ -38,6 +38,11 @@ Steps (in this order; --steps picks some, e.g. to split the run over two GPU com
             a swap to host_broken rolled back by waking it, and a stop under 16 streams
   prefetch  swap.yml from host_a to host_b by stop with the weights out of the page cache, without the prefetch, and
             back with it
+  startup_a   host_a deployed, a restart timed from outside with its journal line by line, what the engine process
+            imports beyond the API server's modules, then vLLM's own `vllm bench startup` (cold and warm) with the
+            unit's engine arguments, the unit stopped
+  startup_seed  `vllm bench startup` of the seed-shaped model with the unit's engine arguments, warm from a copy of
+            the compile cache that start_seed's unit left (run start_seed first)
 
 usage: python3 benchmarks/gpu_host/run.py --inventory INVENTORY --catalog DIR --out OUT [--steps a,b,...]
 """
@@ -68,6 +73,11 @@ from vllm_phases import load_phases, start_timeline  # noqa: E402
 import_collection()
 
 from ansible_collections.llmops.vllm.plugins.module_utils.instance.record import api_key  # noqa: E402
+from ansible_collections.llmops.vllm.plugins.module_utils.service.systemd import (  # noqa: E402
+    parse_environment_assignments,
+    parse_environment_file,
+    unit_file_exec_start,
+)
 
 HOST_SH = ROOT / "scripts" / "gpu-host" / "host.sh"
 STREAM_CLIENTS = ROOT / "tests" / "integration" / "stream_clients.py"
@@ -75,9 +85,10 @@ STREAM_CLIENTS = ROOT / "tests" / "integration" / "stream_clients.py"
 # runs out of time loses the last steps).
 STEPS = (
     "weights", "deploy", "bench", "stop", "kill", "share", "swap", "rollout", "tune", "end",
-    "start_seed", "fleet_seed", "serve_seed", "prefetch", "start_a", "probe",
+    "start_seed", "fleet_seed", "serve_seed", "prefetch", "start_a", "probe", "startup_a", "startup_seed",
 )  # fmt: skip
 CONFIG_DIR = Path("/etc/vllm")
+UNIT_DIR = Path("/etc/systemd/system")
 # The service's home (vllm_server_home), where vLLM keeps its caches (VLLM_CACHE_ROOT is ~/.cache/vllm/RELEASE/ENTRY).
 SERVICE_HOME = Path("/var/lib/vllm")
 # The controller's compile cache store (vllm_server_compile_cache_store); the controller is this host.
@@ -659,7 +670,7 @@ def step_share(results: Results, host: GpuHost, args):
         results.add("share", "skipped", "no NVIDIA GPU here")
         return
     sandbox = [
-        line for line in Path(f"/etc/systemd/system/{unit_of('host_a')}").read_text().splitlines()
+        line for line in (UNIT_DIR / unit_of("host_a")).read_text().splitlines()
         if re.match(r"(User|Group|NoNewPrivileges|Capability|Ambient|Protect|ReadWritePaths|Private|Device|Restrict"
                     r"|Lock|SystemCall|UMask)", line)
     ]  # fmt: skip
@@ -673,7 +684,7 @@ def step_share(results: Results, host: GpuHost, args):
         "expandable_segments_with_pidfd_getfd": ("expandable_segments:True", ["SystemCallFilter=pidfd_getfd"]),
     }
     for name, (allocator, extra) in cases.items():
-        unit = Path("/etc/systemd/system/llmops-cuda-share.service")
+        unit = UNIT_DIR / "llmops-cuda-share.service"
         unit.write_text("\n".join([
             "[Service]", "Type=oneshot", "WorkingDirectory=/var/lib/vllm", "Environment=HOME=/var/lib/vllm",
             f"Environment=PYTORCH_CUDA_ALLOC_CONF={allocator}",
@@ -887,6 +898,124 @@ def step_probe(results: Results, host: GpuHost, args):
             "nvidia-smi", "--query-gpu=persistence_mode,driver_version", "--format=csv,noheader"
         )
         results.add("probe", "persistence_mode", completed.stdout.strip())
+
+
+# The modules a start imports, in order, each timed beyond the ones before: the API server's, then what its
+# engine process (forked or spawned from it) imports before its first line.
+PROBE_ENGINE_IMPORTS = """
+import json, time
+seconds, last = {}, time.monotonic()
+for name in ("torch", "vllm.entrypoints.openai.api_server", "vllm.v1.engine.core", "vllm.v1.executor.uniproc_executor",
+             "vllm.v1.worker.gpu_worker", "vllm.v1.worker.gpu_model_runner"):
+    __import__(name)
+    seconds[name], last = round(time.monotonic() - last, 2), time.monotonic()
+print(json.dumps(seconds))
+"""
+# Flags of `vllm serve` that belong to the API server alone, each with its value: `vllm bench startup` takes the
+# engine's arguments only.
+API_SERVER_FLAGS = ("--host", "--port", "--api-key", "--middleware")
+
+
+def engine_arguments(argv: list[str]) -> list[str]:
+    """The engine's arguments of the server's argv (`python -m vllm.entrypoints.openai.api_server --model ...`): its
+    flags, without the API server's own."""
+    first_flag = next((index for index, argument in enumerate(argv) if argument.startswith("--")), len(argv))
+    kept, skip = [], False
+    for argument in argv[first_flag:]:
+        if skip:
+            skip = False
+        elif argument.split("=", 1)[0] in API_SERVER_FLAGS:
+            skip = "=" not in argument
+        else:
+            kept.append(argument)
+    return kept
+
+
+def unit_environment(host: GpuHost, instance: str) -> dict:
+    """The variables the instance's unit starts with (Environment= and its EnvironmentFile), without the API key."""
+    found = parse_environment_assignments(host.exec("systemctl", "show", "-P", "Environment", unit_of(instance)))
+    secrets_of = host.record(instance)["secrets"]
+    found |= parse_environment_file(Path(secrets_of["environment_file"]).read_text())
+    found.pop(secrets_of["api_key_variable"], None)
+    return found
+
+
+def bench_startup(results: Results, host: GpuHost, step: str, instance: str, iterations: dict, timeout: int):
+    """vLLM's own `vllm bench startup` with the unit's engine arguments and environment, as root outside the unit;
+    the unit's compile cache copied first, so that the warm iterations read what the unit left and write nothing
+    of the unit's."""
+    unit = unit_of(instance)
+    python = host.record(instance)["python"]
+    environment = unit_environment(host, instance)
+    cache_root = environment.get("VLLM_CACHE_ROOT")
+    scratch = Path(f"/tmp/bench-startup-{instance}")
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir()
+    if cache_root and Path(cache_root).is_dir():
+        shutil.copytree(cache_root, scratch / "cache")
+        environment = {name: value.replace(cache_root, str(scratch / "cache")) for name, value in environment.items()}
+    # Root writes nothing under the service's home: no bytecode, and a home of its own.
+    environment |= {"PYTHONDONTWRITEBYTECODE": "1", "HOME": str(scratch)}
+    output = host.logs / f"bench-startup-{instance}.json"
+    serve_argv = unit_file_exec_start((UNIT_DIR / unit).read_text())
+    command = [python, "-m", "vllm.entrypoints.cli.main", "bench", "startup", *engine_arguments(serve_argv),
+               "--output-json", str(output)]  # fmt: skip
+    for name, count in iterations.items():
+        command += [f"--num-iters-{name}", str(count)]
+    started = time.monotonic()
+    completed = subprocess.run(command, capture_output=True, text=True, env=os.environ | environment,
+                               timeout=timeout, check=False)  # fmt: skip
+    (host.logs / f"bench-startup-{instance}.log").write_text(completed.stdout + completed.stderr)
+    outcome = {"rc": completed.returncode, "seconds": round(time.monotonic() - started, 1), "command": command[1:],
+               "environment": environment, "iterations": iterations}  # fmt: skip
+    if output.exists():
+        outcome["result"] = {key: value for key, value in json.loads(output.read_text()).items()
+                             if not key.endswith("_percentiles")}  # fmt: skip
+    else:
+        outcome["output_tail"] = (completed.stdout + completed.stderr)[-1500:]
+    results.add(step, "bench_startup", outcome)
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def journal_lines(entries: list[tuple[float, str, str]], last: int = 120) -> list[str]:
+    """The last start in a unit's journal, line by line, each with its seconds from systemd's `Started`."""
+    starts = [index for index, (_time, writer, message) in enumerate(entries)
+              if writer == "systemd" and message.startswith("Started ")]  # fmt: skip
+    if not starts:
+        return []
+    origin = entries[starts[-1]][0]
+    return [f"{time_ - origin:7.2f} {message[:220]}" for time_, _writer, message in entries[starts[-1] :][:last]]
+
+
+def step_startup_a(results: Results, host: GpuHost, args):
+    """host_a's start, line by line; the engine process's imports; vLLM's own start-up benchmark beside it."""
+    unit = unit_of("host_a")
+    deployed = run_step(results, host, "startup_a", "deploy", "deploy.yml", {"model": "host_a"}, unit=unit)
+    if deployed["rc"]:
+        raise RuntimeError("the deploy of host_a failed")
+    since = host.clock()
+    timed_restart(results, host, "startup_a", "restart", "host_a", args)
+    results.add("startup_a", "restart_journal", journal_lines(unit_journal(host, since, unit)))
+    # The bytecode the unit reads, read and not written, as root.
+    bytecode = unit_environment(host, "host_a").get("PYTHONPYCACHEPREFIX")
+    environment = os.environ | {"PYTHONDONTWRITEBYTECODE": "1"}
+    if bytecode:
+        environment["PYTHONPYCACHEPREFIX"] = bytecode
+    for attempt in (1, 2):
+        completed = subprocess.run([host.record("host_a")["python"], "-c", PROBE_ENGINE_IMPORTS], capture_output=True,
+                                   text=True, env=environment, timeout=300, check=False)  # fmt: skip
+        last = (completed.stdout.strip().splitlines() or ["{}"])[-1]
+        seconds = json.loads(last) if last.startswith("{") else {}
+        results.add("startup_a", f"imports_{attempt}",
+                    {"rc": completed.returncode, **seconds, "stderr": completed.stderr[-300:]})  # fmt: skip
+    host.exec("systemctl", "stop", unit, timeout=180)
+    bench_startup(results, host, "startup_a", "host_a", {"cold": 2, "warmup": 1, "warm": 2}, timeout=560)
+
+
+def step_startup_seed(results: Results, host: GpuHost, args):
+    """`vllm bench startup` of the seed-shaped model: one cold start, one warm from the unit's compile cache."""
+    host.exec("systemctl", "stop", unit_of("seed"), timeout=180)
+    bench_startup(results, host, "startup_seed", "seed", {"cold": 1, "warmup": 0, "warm": 1}, timeout=560)
 
 
 def plan_of(report: dict) -> dict | None:

@@ -236,3 +236,21 @@ def test_importtime_is_summed_by_package_and_its_slowest_top_level_imports():
     assert summary["total_own_s"] == 1.5
     assert list(summary["top_level_cumulative_s"]) == ["torch", "vllm", "json"]
     assert summary["own_s_by_package"] == {"vllm": 1.0, "torch": 0.5, "json": 0.0}
+
+
+def test_vllm_bench_startup_gets_the_units_engine_arguments_without_the_api_servers():
+    argv = ["/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/a",
+            "--host", "0.0.0.0", "--port=8001", "--middleware", "guard.Guard", "--max-model-len", "4096",
+            "--enforce-eager", "--shutdown-timeout", "5"]  # fmt: skip
+    assert run.engine_arguments(argv) == [
+        "--model", "/models/a", "--max-model-len", "4096", "--enforce-eager", "--shutdown-timeout", "5",
+    ]  # fmt: skip
+
+
+def test_a_starts_journal_is_listed_from_its_started_line_with_seconds_since():
+    restart = [(500.0 + seconds, writer, message) for seconds, writer, message in START]
+    lines = run.journal_lines([*START, *restart], last=3)
+    assert len(lines) == 3
+    assert lines[0].split(maxsplit=1) == ["0.00", START[1][2]]
+    assert lines[2].split(maxsplit=1)[0] == f"{START[3][0] - START[1][0]:.2f}"
+    assert run.journal_lines(START[2:]) == []
