@@ -19,8 +19,12 @@ description:
     venv, C(llmops_vllm_dev_guard.MetricsReaders)). vLLM's C(--api-key) does not guard C(/metrics); the middleware
     answers it to the host itself and to the addresses and networks in that file, and 403 to every other client.
     O(metrics_readers) gives them; host names are resolved here, on the host whose servers they will reach.
-  - The C(vllm_targets) role runs it at the end of deploy, swap, rollout, stop and tune, and writes the targets on
-    the monitoring hosts.
+  - Returns the target of the host's router too (C(vllm-router.service), which the C(vllm_router) role runs) while
+    systemd is to run it, at the address and port of its metrics that the unit's command line gives
+    (C(--prometheus-host), C(--prometheus-port)), with the label C(host). A router whose metrics listen on loopback
+    alone is a target of a Prometheus on this host only.
+  - The C(vllm_targets) role runs it at the end of deploy, swap, rollout, stop, tune and router, and writes the
+    targets on the monitoring hosts.
 extends_documentation_fragment:
   - llmops.vllm.records
   - llmops.vllm.attributes
@@ -106,6 +110,24 @@ outdated:
   type: list
   elements: str
   sample: []
+router_targets:
+  description:
+    - The file_sd target group of the host's router for a Prometheus on another host; empty without a router that
+      systemd is to run, or one whose metrics listen on loopback alone.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - targets: ["10.0.0.12:29000"]
+      labels: {host: gpu-01}
+router_local_targets:
+  description: The same group for a Prometheus on this host.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - targets: ["127.0.0.1:29000"]
+      labels: {host: gpu-01}
 readers:
   description: The networks written to O(readers_file), the names resolved.
   returned: always
@@ -134,11 +156,30 @@ from ansible_collections.llmops.vllm.plugins.module_utils.observability.metrics_
 from ansible_collections.llmops.vllm.plugins.module_utils.observability.prometheus_targets import (
     is_target,
     only_local,
+    router_target_groups,
     target_groups,
 )
-from ansible_collections.llmops.vllm.plugins.module_utils.service.unit import Unit, UnitError
+from ansible_collections.llmops.vllm.plugins.module_utils.router.record import ROUTER_UNIT
+from ansible_collections.llmops.vllm.plugins.module_utils.service.unit import (
+    Unit,
+    UnitError,
+    exec_start_argv,
+    flag_value,
+)
 
 DIRECTORY_MODE = 0o755
+
+
+def router_metrics(state) -> tuple[str, int] | None:
+    """Where the host's router serves its metrics, from its unit's command line; None without a router that systemd
+    is to run."""
+    if not state.exists or not is_target(state.active_state, state.unit_file_state):
+        return None
+    argv = exec_start_argv(state.exec_start)
+    listen, port = flag_value(argv, "--prometheus-host"), flag_value(argv, "--prometheus-port")
+    if not listen or not port or not port.isdigit():
+        return None
+    return listen, int(port)
 
 
 def main():
@@ -163,6 +204,7 @@ def main():
     try:
         records = read_records(params["config_dir"])
         states = {record["instance"]: Unit(record["unit"], module.run_command).state() for record in records}
+        router = router_metrics(Unit(ROUTER_UNIT, module.run_command).state())
     except RecordError as error:
         module.fail_json(msg=str(error))
     except UnitError as error:
@@ -186,6 +228,8 @@ def main():
         targets=target_groups(targets, params["host"], params["address"], local=False),
         local_targets=target_groups(targets, params["host"], params["address"], local=True),
         local_only=[record["instance"] for record in targets if only_local(record)],
+        router_targets=router_target_groups(router, params["host"], params["address"], local=False),
+        router_local_targets=router_target_groups(router, params["host"], params["address"], local=True),
         outdated=outdated,
         readers=readers,
     )

@@ -443,3 +443,84 @@ def test_one_host_behind_the_router_swapped_gives_clients_a_clear_retryable_answ
         f"{len(unavailable)} answers 503 in {max(waits):.3f} s at most; client {counts}"
     )
     assert max(waits) <= 60  # the router's queue timeout
+
+
+# Prometheus's instant query on the host, from the host's own Python: the series of each expression.
+PROMETHEUS_QUERY = r"""
+import json, sys, urllib.parse, urllib.request
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+url = "http://localhost:9090/api/v1/query?" + urllib.parse.urlencode({"query": sys.argv[1]})
+print(json.dumps(json.load(opener.open(url, timeout=10))["data"]["result"]))
+"""
+# Prometheus reads the router every 2 s and evaluates every second; the alert holds 2 s. The bound covers the
+# router's health checks (HEALTH_BOUND), a scrape, the hold and a loaded 2-core machine.
+MONITORING = {
+    "vllm_prometheus_scrape_interval": "2s",
+    "vllm_prometheus_scrape_timeout": "2s",
+    "vllm_prometheus_evaluation_interval": "1s",
+    "vllm_prometheus_alerts": {"router_no_healthy_worker": {"for": "2s"}},
+}
+ALERT_BOUND = 60
+
+
+def wait_for_series(host: LocalHost, expr: str, present: bool = True, timeout: float = ALERT_BOUND) -> float:
+    """Seconds until Prometheus's query `expr` returns a series (or, not `present`, none)."""
+    started = time.monotonic()
+    while True:
+        series = json.loads(host.sh(f"python3 -c {shlex.quote(PROMETHEUS_QUERY)} {shlex.quote(expr)}").stdout)
+        if bool(series) == present:
+            return time.monotonic() - started
+        assert time.monotonic() - started < timeout, f"{expr} {'never' if present else 'still'} answered in {timeout} s"
+        time.sleep(0.5)
+
+
+def signal_instances(hosts, signal: str) -> None:
+    """Send `signal` to the API server of every running instance on `hosts` (the router's workers among them)."""
+    for host in hosts:
+        host.sh(
+            "for unit in $(systemctl list-units --state=active --plain --no-legend 'vllm-*.service' | awk '{print $1}'"
+            f" | grep -vx {UNIT}); do systemctl kill --kill-whom=main --signal={signal} $unit; done"
+        )
+
+
+def test_prometheus_scrapes_the_router_and_fires_when_it_has_no_healthy_worker(routed, tmp_path):
+    """monitoring.yml publishes the router as a target of its own job; with every worker's API server stopped
+    (SIGSTOP: /health times out), VllmRouterNoHealthyWorker fires, and it clears once they answer again."""
+    first = routed.router_host
+    inventory = json.loads(routed.inventory.read_text())
+    inventory["vllm_monitoring"] = {"hosts": {first.name: {}}}
+    (tmp_path / "hosts.yml").write_text(json.dumps(inventory))
+    # The router's host alone: it is the monitoring host, and its own router's target is the one asked for.
+    proc = routed.fleet.playbook(
+        "playbooks/monitoring.yml",
+        "--limit",
+        first.name,
+        "-e",
+        json.dumps(MONITORING),
+        inventory=tmp_path / "hosts.yml",
+    )
+    assert proc.returncode == 0, f"monitoring.yml failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
+    try:
+        targets = json.loads(first.sh(f"cat /etc/prometheus/vllm-targets/vllm-router/{first.name}.json").stdout)
+        assert targets == [{"targets": [f"127.0.0.1:{METRICS_PORT}"], "labels": {"host": first.name}}]
+        healthy = [url for url, is_healthy in routed.health().items() if is_healthy]
+        assert healthy, routed.health()
+        health = f'vllm_router_worker_health{{job="vllm-router", host="{first.name}"}}'
+        scraped = wait_for_series(first, f"count({health} == 1) == {len(healthy)}")
+        firing = f'ALERTS{{alertname="VllmRouterNoHealthyWorker", alertstate="firing", host="{first.name}"}}'
+        try:
+            signal_instances(routed.fleet.hosts, "SIGSTOP")
+            fired = wait_for_series(first, firing)
+        finally:
+            signal_instances(routed.fleet.hosts, "SIGCONT")
+        cleared = wait_for_series(first, firing, present=False)
+        print(
+            f"router scraped with {len(healthy)} healthy worker(s) {scraped:.1f} s after monitoring.yml; its workers "
+            f"stopped: VllmRouterNoHealthyWorker fired after {fired:.1f} s, cleared {cleared:.1f} s after they went on"
+        )
+        deadline = time.monotonic() + ALERT_BOUND
+        while not all(routed.health().get(url) for url in healthy):
+            assert time.monotonic() < deadline, f"the workers were not healthy again within {ALERT_BOUND} s"
+            time.sleep(0.5)
+    finally:
+        first.sh("systemctl disable --now prometheus")

@@ -4,8 +4,9 @@
 
 The failures that operators fear first: an instance down, an instance that restarted (vLLM exits 0 when its engine
 dies, and systemd starts it again: the clients saw errors), an engine that hangs while /health still answers 200
-(vLLM issue 39863), a KV cache near full, a queue that keeps growing, and a latency above the SLO that a catalog
-entry sets (`slo: {p99_ttft_ms: 500}`). Every duration and threshold is a setting, so that a test waits seconds.
+(vLLM issue 39863), a KV cache near full, a queue that keeps growing, a latency above the SLO that a catalog entry
+sets (`slo: {p99_ttft_ms: 500}`), and a router in front of the instances that has no healthy worker left. Every
+duration and threshold is a setting, so that a test waits seconds.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ DURATION = re.compile(r"(?:[0-9]+(?:ms|s|m|h|d|w|y))+\Z")
 SLO_KEY = re.compile(r"p([0-9]{1,2}(?:\.[0-9]+)?)_(" + "|".join(LATENCY_HISTOGRAMS) + r")_ms\Z")
 GROUP = "llmops-vllm"
 SLO_GROUP = "llmops-vllm-slo"
+ROUTER_GROUP = "llmops-vllm-router"
+# The Prometheus job of the routers' metrics (the vllm_prometheus role's, fed by the vllm_targets role).
+ROUTER_JOB = "vllm-router"
 
 # Each alert's settings and their defaults: `for` (how long the condition holds before it fires), `window`
 # (how far back it looks), and thresholds.
@@ -36,12 +40,14 @@ DEFAULTS = {
     "kv_cache_full": {"threshold": 0.9, "for": "10m"},
     "queue_growing": {"window": "10m", "min_waiting": 10, "for": "5m"},
     "latency_slo": {"window": "5m", "for": "5m"},
+    "router_no_healthy_worker": {"for": "1m"},
 }
 # Thresholds: (lowest, highest) allowed.
 THRESHOLDS = {"threshold": (0, 1), "min_waiting": (0, float("inf"))}
 
 # Prometheus' templates in the annotations: the alert's labels and its value.
 INSTANCE = "{{ $labels.vllm_instance }} on {{ $labels.host }}"
+ROUTER = "The router on {{ $labels.host }}"
 MODEL = "{{ $labels.model }}"
 VALUE = "{{ $value }}"
 
@@ -169,6 +175,25 @@ def instance_rules(settings: dict) -> list[dict]:
     ]
 
 
+def router_rules(settings: dict) -> list[dict]:
+    """The rules of the routers in front of the instances (the job vllm-router, one target per router host)."""
+    hold = settings["router_no_healthy_worker"]["for"]
+    health = f'vllm_router_worker_health{{job="{ROUTER_JOB}"}}'
+    return [
+        _rule(
+            "VllmRouterNoHealthyWorker",
+            # Every worker it knows unhealthy, or it knows none: a router that is up and has no worker to send to.
+            f"sum by (host) ({health}) < 1\n"
+            f'or (max by (host) (up{{job="{ROUTER_JOB}"}}) == 1 unless on (host) count by (host) ({health}))',
+            hold,
+            "critical",
+            f"{ROUTER} has no healthy worker",
+            f"{ROUTER} has had no healthy worker for {hold}: every request it takes fails. The instances behind it are "
+            "down, loading, or out of its reach; playbooks/status.yml shows the router, its workers and their health.",
+        ),
+    ]
+
+
 def slo_rules(slos: dict, settings: dict) -> list[dict]:
     """A rule for each latency SLO of each catalog entry (model name: its `slo`), the models sorted by name."""
     latency = settings["latency_slo"]
@@ -200,9 +225,10 @@ def slo_rules(slos: dict, settings: dict) -> list[dict]:
 
 
 def alert_rules(settings: dict | None = None, slos: dict | None = None) -> dict:
-    """The rules file: one group for every instance, one for the catalog's SLOs when any entry sets one."""
+    """The rules file: one group for every instance, one for the routers, one for the catalog's SLOs when any entry
+    sets one."""
     checked = check_settings(settings)
-    groups = [{"name": GROUP, "rules": instance_rules(checked)}]
+    groups = [{"name": GROUP, "rules": instance_rules(checked)}, {"name": ROUTER_GROUP, "rules": router_rules(checked)}]
     latency = slo_rules(slos or {}, checked)
     if latency:
         groups.append({"name": SLO_GROUP, "rules": latency})

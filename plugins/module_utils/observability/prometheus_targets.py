@@ -8,6 +8,9 @@ served_name, gpus, vllm_version). An instance is a target while systemd is to ru
 runs (an instance asleep after a sleep swap). An instance that stop.yml or a swap has stopped and disabled is
 not, so an alert never follows a planned stop. Where an instance is reached comes from its record, the one writer
 of its URL.
+
+The host's router (vllm-router, one per host) is a target of its own job, at the address and port of its metrics
+that its unit's command line gives (`--prometheus-host`, `--prometheus-port`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,11 @@ import ipaddress
 import urllib.parse
 
 from ansible_collections.llmops.vllm.plugins.module_utils.instance.host_instances import RUNNING_STATES
-from ansible_collections.llmops.vllm.plugins.module_utils.instance.record import WILDCARD_HOSTS, remote_url
+from ansible_collections.llmops.vllm.plugins.module_utils.instance.record import (
+    WILDCARD_HOSTS,
+    local_url,
+    remote_url,
+)
 
 
 def is_target(active_state: str, unit_file_state: str) -> bool:
@@ -67,3 +74,15 @@ def target_groups(records: list[dict], host: str, address: str, local: bool) -> 
         for record in records
         if local or not only_local(record)
     ]
+
+
+def router_target_groups(metrics: tuple[str, int] | None, host: str, address: str, local: bool) -> list[dict]:
+    """The file_sd group of the host's router, whose metrics listen on `metrics` (address, port; None: no router),
+    for a Prometheus on the host (`local`) or on another one, which does not reach metrics on loopback: then none."""
+    if metrics is None:
+        return []
+    listen_host, port = metrics
+    metrics = {"host": listen_host, "url": local_url(listen_host, port), "port": port}
+    if not local and only_local(metrics):
+        return []
+    return [{"targets": [scrape_address(metrics, address, local)], "labels": {"host": host}}]

@@ -38,6 +38,8 @@ from ansible_collections.llmops.vllm.plugins.module_utils.service.systemd import
 )
 
 DEFAULT_CONFIG_DIR = "/etc/vllm-router"
+# The router's unit, one per host (the vllm_router role's __vllm_router_unit).
+ROUTER_UNIT = "vllm-router.service"
 RECORD_FILE = "router.json"
 WORKERS_FILE = "workers.json"
 API_KEY_VARIABLE = "VLLM_ROUTER_API_KEY"

@@ -29,7 +29,16 @@ def test_a_rollout_publishes_each_batch():
     assert steps(batches)[-1] == TARGETS
 
 
-def test_monitoring_runs_prometheus_then_publishes_every_host():
-    prometheus, targets = yaml.safe_load((PLAYBOOKS / "monitoring.yml").read_text())
+ROUTER_HOSTS = "{{ vllm_router_target_hosts | default('vllm_routers') }}"
+
+
+def test_monitoring_runs_prometheus_then_publishes_every_host_and_router():
+    prometheus, targets, routers = yaml.safe_load((PLAYBOOKS / "monitoring.yml").read_text())
     assert (prometheus["hosts"], steps(prometheus)) == ("vllm_monitoring", ["llmops.vllm.vllm_prometheus"])
     assert steps(targets) == [TARGETS]
+    assert (routers["hosts"], steps(routers)) == (ROUTER_HOSTS, [TARGETS])
+
+
+def test_router_yml_publishes_the_routers_last():
+    plays = yaml.safe_load((PLAYBOOKS / "router.yml").read_text())
+    assert (plays[-1]["hosts"], steps(plays[-1])) == (ROUTER_HOSTS, [TARGETS])

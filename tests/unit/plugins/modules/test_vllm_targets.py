@@ -6,19 +6,23 @@ from ansible.module_utils import basic
 from ansible_collections.llmops.vllm.plugins.modules import vllm_targets
 
 
-def unit_show(active_state, unit_file_state):
+def unit_show(active_state, unit_file_state, exec_start=""):
     return (
         f"LoadState=loaded\nActiveState={active_state}\nSubState=running\nMainPID=0\nUnitFileState={unit_file_state}\n"
+        f"ExecStart={exec_start}\n"
     )
 
 
 @pytest.fixture
 def units(monkeypatch):
-    """systemctl show answering for the units in the returned dict (name: (ActiveState, UnitFileState))."""
+    """systemctl show answering for the units in the returned dict (name: (ActiveState, UnitFileState[, ExecStart])),
+    and `not-found` for any other, as systemd answers."""
     states = {}
 
     def run_command(self, command, **_kwargs):
         assert command[:2] == ["systemctl", "show"], command
+        if command[2] not in states:
+            return 0, "LoadState=not-found\nActiveState=inactive\nSubState=dead\nMainPID=0\n", ""
         return 0, unit_show(*states[command[2]]), ""
 
     monkeypatch.setattr(basic.AnsibleModule, "run_command", run_command)
@@ -78,6 +82,34 @@ def test_the_instances_that_systemd_is_to_run_are_the_targets(run, tmp_path, uni
     ]
     assert result["local_only"] == ["tiny-b"]
     assert result["outdated"] == []
+
+
+def router_exec_start(*flags):
+    argv = ["/opt/vllm-router/venv/bin/python", "/opt/vllm-router/launcher.py", "--", "--host", "0.0.0.0", "--port",
+            "8080", *flags]  # fmt: skip
+    return f"{{ path={argv[0]} ; argv[]={' '.join(argv)} ; ignore_errors=no ; start_time=[n/a] ; pid=0 }}"
+
+
+@pytest.mark.parametrize(
+    ("listen", "remote", "local"),
+    [("0.0.0.0", ["10.0.0.12:29000"], ["127.0.0.1:29000"]), ("10.0.0.12", ["10.0.0.12:29000"], ["10.0.0.12:29000"]),
+     ("127.0.0.1", [], ["127.0.0.1:29000"])],
+)  # fmt: skip
+def test_the_hosts_router_is_a_target_where_its_unit_serves_its_metrics(run, units, listen, remote, local):
+    units["vllm-router.service"] = ("active", "enabled", router_exec_start("--prometheus-host", listen,
+                                                                           "--prometheus-port", "29000"))  # fmt: skip
+    result = run()
+    assert result["router_targets"] == [
+        {"targets": target, "labels": {"host": "gpu-01"}} for target in [remote] if target
+    ]
+    assert result["router_local_targets"] == [{"targets": local, "labels": {"host": "gpu-01"}}]
+
+
+def test_no_router_or_one_that_systemd_is_not_to_run_is_no_target(run, units):
+    assert run()["router_targets"] == run()["router_local_targets"] == []
+    flags = ("--prometheus-host", "0.0.0.0", "--prometheus-port", "29000")
+    units["vllm-router.service"] = ("inactive", "disabled", router_exec_start(*flags))
+    assert run()["router_local_targets"] == []
 
 
 def test_the_readers_file_is_written_once_and_read_by_everyone(run, tmp_path, units):
