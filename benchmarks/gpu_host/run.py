@@ -78,6 +78,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils.service.systemd import
     parse_environment_file,
     unit_file_exec_start,
 )
+from ansible_collections.llmops.vllm.plugins.module_utils.service.unit import without_flags  # noqa: E402
 
 HOST_SH = ROOT / "scripts" / "gpu-host" / "host.sh"
 STREAM_CLIENTS = ROOT / "tests" / "integration" / "stream_clients.py"
@@ -920,15 +921,7 @@ def engine_arguments(argv: list[str]) -> list[str]:
     """The engine's arguments of the server's argv (`python -m vllm.entrypoints.openai.api_server --model ...`): its
     flags, without the API server's own."""
     first_flag = next((index for index, argument in enumerate(argv) if argument.startswith("--")), len(argv))
-    kept, skip = [], False
-    for argument in argv[first_flag:]:
-        if skip:
-            skip = False
-        elif argument.split("=", 1)[0] in API_SERVER_FLAGS:
-            skip = "=" not in argument
-        else:
-            kept.append(argument)
-    return kept
+    return without_flags(argv[first_flag:], API_SERVER_FLAGS)
 
 
 def unit_environment(host: GpuHost, instance: str) -> dict:

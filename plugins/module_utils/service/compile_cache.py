@@ -22,6 +22,8 @@ import stat
 import tarfile
 import tempfile
 
+from ansible_collections.llmops.vllm.plugins.module_utils.service.unit import without_flags
+
 KEY_MEMBER = "KEY.json"
 CACHE_MEMBER = "cache"
 KEY_FORMAT = 1
@@ -43,16 +45,7 @@ class CompileCacheError(ValueError):
 
 def command_digest(argv: list[str]) -> str:
     """sha256 of the serve command without the flags that only place it on the network."""
-    kept = []
-    skip_value = False
-    for arg in argv:
-        if skip_value:
-            skip_value = False
-        elif arg in ADDRESS_FLAGS:
-            skip_value = True
-        elif not arg.startswith(tuple(f"{flag}=" for flag in ADDRESS_FLAGS)):
-            kept.append(arg)
-    return hashlib.sha256(json.dumps(kept).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(without_flags(argv, ADDRESS_FLAGS)).encode()).hexdigest()
 
 
 def environment_digest(environment: dict) -> str:

@@ -192,6 +192,19 @@ def exec_start_argv(exec_start: str) -> list[str]:
     return found.group(1).split() if found else []
 
 
+def without_flags(argv: list[str], flags: tuple[str, ...]) -> list[str]:
+    """An argument list without `flags`, each with its value (`--flag VALUE` or `--flag=VALUE`)."""
+    kept, skip_value = [], False
+    for arg in argv:
+        if skip_value:
+            skip_value = False
+        elif arg.split("=", 1)[0] in flags:
+            skip_value = "=" not in arg
+        else:
+            kept.append(arg)
+    return kept
+
+
 def flag_value(argv: list[str], flag: str) -> str | None:
     """The value of `--flag VALUE` or `--flag=VALUE` in an argument list; the last one wins, as in argparse."""
     value = None

@@ -18,6 +18,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils.service.unit import (
     last_engine_death,
     needs_daemon_reload,
     parse_show,
+    without_flags,
 )
 
 # `systemctl show vllm-tiny.service -p ...` of a server that was stopped, as systemd 252 prints it.
@@ -78,6 +79,18 @@ def test_outcome_of_a_killed_main_process():
 )
 def test_flag_value(argv, value):
     assert flag_value(argv, "--shutdown-timeout") == value
+
+
+def test_flags_are_left_out_with_their_values_in_either_spelling():
+    argv = ["--model", "/m", "--host", "0.0.0.0", "--port=8000", "--hostname-like", "x", "--max-model-len", "4096"]
+    assert without_flags(argv, ("--host", "--port")) == [
+        "--model",
+        "/m",
+        "--hostname-like",
+        "x",
+        "--max-model-len",
+        "4096",
+    ]
 
 
 def test_exec_start_argv_without_a_command():
