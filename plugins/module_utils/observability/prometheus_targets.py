@@ -82,7 +82,8 @@ def router_target_groups(metrics: tuple[str, int] | None, host: str, address: st
     if metrics is None:
         return []
     listen_host, port = metrics
-    metrics = {"host": listen_host, "url": local_url(listen_host, port), "port": port}
-    if not local and only_local(metrics):
+    # Placed as an instance's record places its server, so that both are reached the same way.
+    listener = {"host": listen_host, "url": local_url(listen_host, port), "port": port}
+    if not local and only_local(listener):
         return []
-    return [{"targets": [scrape_address(metrics, address, local)], "labels": {"host": host}}]
+    return [{"targets": [scrape_address(listener, address, local)], "labels": {"host": host}}]

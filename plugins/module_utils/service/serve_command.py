@@ -14,9 +14,9 @@ import re
 from ansible_collections.llmops.vllm.plugins.module_utils.instance.record import API_KEY_VARIABLE
 
 WHOLE_NUMBER = re.compile(r"[0-9]+\Z")
+DECIMAL_NUMBER = re.compile(r"[0-9]*\.?[0-9]+\Z")
 # Where vLLM keeps what it learnt of each model class, under VLLM_CACHE_ROOT.
 MODEL_INFO_DIRECTORY = "modelinfos"
-DECIMAL_NUMBER = re.compile(r"[0-9]*\.?[0-9]+\Z")
 
 # Flags that this function writes from the spec: in extra_args they would contradict the spec,
 # so they are refused with the spec key to use instead.
@@ -269,8 +269,8 @@ def model_info_sharing(settings: dict) -> list[list[str]]:
     """
     if not (settings.get("vllm_version") and settings.get("model")):
         return []
-    root = compile_cache_environment(_required_text(settings, "home"), settings["vllm_version"], settings["model"])
-    own = root["VLLM_CACHE_ROOT"]
+    home = _required_text(settings, "home")
+    own = compile_cache_environment(home, settings["vllm_version"], settings["model"])["VLLM_CACHE_ROOT"]
     if (settings.get("environment") or {}).get("VLLM_CACHE_ROOT") != own:
         return []
     shared = f"{own.rsplit('/', 1)[0]}/{MODEL_INFO_DIRECTORY}"
