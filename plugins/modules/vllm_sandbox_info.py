@@ -15,7 +15,10 @@ description:
     to say what the hardened unit would keep from the server.
   - A path that does not exist is resolved as far as it exists, and is no failure; whether it exists is the
     business of the task that needs it.
-  - The C(vllm_server) role's preflight calls it once, where a C(stat) of each path took a call each.
+  - C(ansible.builtin.stat) says where a path leads only when the path itself is a link (C(lnk_source)); a model
+    under a linked directory (C(/var/lib/vllm/models) a link to C(/home/data/models)) is reached through its
+    parent, which the sandbox would hide from the server all the same. This module follows every link of a path,
+    as C(realpath) does, for the C(vllm_server) role's preflight, in one call for all the paths.
 extends_documentation_fragment:
   - llmops.vllm.attributes
 attributes:
