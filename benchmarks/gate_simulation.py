@@ -279,6 +279,8 @@ def main() -> None:
     parser.add_argument("--min-rounds", type=int, default=gate.GateSettings.min_rounds)
     parser.add_argument("--max-rounds", type=int, default=gate.GateSettings.max_rounds)
     args = parser.parse_args()
+    if args.tail_df <= 2:
+        parser.error("--tail-df must be above 2: Student t has no variance to scale otherwise")
     rng = random.Random(args.seed)
     settings = gate.GateSettings(min_rounds=args.min_rounds, max_rounds=args.max_rounds)
     began = time.monotonic()

@@ -151,7 +151,7 @@ def log_likelihood_ratio(count: int, total: float, total_of_squares: float, thre
     mean. Fitting within each side, not at the two points, lets a large regression or a clear improvement decide
     in a few rounds, where point hypotheses both fit badly and absorb the misfit into the variance.
     The factor is (n - 2)/2, not n/2: estimated from few rounds, the variance makes the plain ratio cross too soon
-    (false alarms of 6% where 5% were asked, at spreads twice the threshold); two rounds' worth of evidence less
+    (false alarms of 7% where 5% were asked, at spreads twice the threshold); two rounds' worth of evidence less
     keeps them under (benchmarks/results/gate-simulation.md).
     """
     mean = total / count
