@@ -289,19 +289,24 @@ def _links(gpus, topology, used):
 
 def _gpu_checks(shape, layout, gpus, settings):
     """(rule, passed, detail) for the rules that need GPUs (passed None: skipped), and the memory plan."""
-    checks = []
     if layout.gpus > len(gpus):
-        checks.append(("gpu_count", False, f"{layout.describe()} needs {layout.gpus} GPUs; this host has {len(gpus)}"))
-        return checks, None
-    checks.append(("gpu_count", True, f"{layout.gpus} of {len(gpus)} GPUs"))
+        return [("gpu_count", False, f"{layout.describe()} needs {layout.gpus} GPUs; this host has {len(gpus)}")], None
+    checks, memory = gpu_rules(shape, layout, gpus[: layout.gpus], settings)
+    return [("gpu_count", True, f"{layout.gpus} of {len(gpus)} GPUs"), *checks], memory
+
+
+def gpu_rules(shape, layout, used, settings):
+    """(rule, passed, detail) for compute capability and memory on `used`, the GPUs that the layout takes on one
+    host (passed None: skipped), and the memory plan of one of them."""
+    checks = []
     wanted = settings["min_compute_capability"]
     if wanted:
-        found = {compute_capability(gpu) for gpu in gpus[: layout.gpus]}
+        found = {compute_capability(gpu) for gpu in used}
         if None in found:
             checks.append(("compute_capability", False, f"needs compute capability {wanted}; the GPU facts lack it"))
         elif min(found) < capability_tuple(wanted):
             have = ".".join(map(str, min(found)))
-            detail = f"needs compute capability {wanted} or above; {gpus[0].get('name', 'the GPU')} has {have}"
+            detail = f"needs compute capability {wanted} or above; {used[0].get('name', 'the GPU')} has {have}"
             checks.append(("compute_capability", False, detail))
         else:
             checks.append(("compute_capability", True, f"compute capability {wanted} or above"))
@@ -311,21 +316,25 @@ def _gpu_checks(shape, layout, gpus, settings):
     if missing:
         checks.append(("memory", None, f"not checked: {' and '.join(missing)} unknown"))
         return checks, None
-    memory = memory_plan(shape, layout, gpus, settings)
+    memory = memory_plan(shape, layout, used, settings)
     checks.append(("memory", *check_memory(memory)))
     return checks, memory
 
 
+def model_checks(shape, layout, settings):
+    """The rules of the model's shape and context on one layout; a check is {rule, status, detail}."""
+    if shape is None:
+        return [{"rule": "model", "status": "skipped", "detail": "no config.json: model rules not checked"}]
+    checks = [{"rule": "max_model_len", **_check_context(shape, settings["max_model_len"])}]
+    for rule, check in MODEL_RULES:
+        passed, detail = check(shape, layout)
+        checks.append({"rule": rule, "status": "pass" if passed else "fail", "detail": detail})
+    return checks
+
+
 def evaluate(shape, layout, gpus, settings):
     """Every rule on one layout: (checks, memory). A check is {rule, status, detail}."""
-    checks = []
-    if shape is None:
-        checks.append({"rule": "model", "status": "skipped", "detail": "no config.json: model rules not checked"})
-    else:
-        checks.append({"rule": "max_model_len", **_check_context(shape, settings["max_model_len"])})
-        for rule, check in MODEL_RULES:
-            passed, detail = check(shape, layout)
-            checks.append({"rule": rule, "status": "pass" if passed else "fail", "detail": detail})
+    checks = model_checks(shape, layout, settings)
     if not gpus:
         checks.append({"rule": "gpus", "status": "skipped", "detail": "no GPU facts: GPU count and memory not checked"})
         return checks, None
@@ -433,6 +442,21 @@ def _kv_cache_dtype_bytes(extra_args):
     return 2
 
 
+def planning_settings(entry, shape, options):
+    """What the rules need besides the shape and the layout: the entry's settings, and the options over them."""
+    return {
+        "max_model_len": options.get("max_model_len")
+        or entry["max_model_len"]
+        or (shape and shape.max_position_embeddings),
+        "checkpoint_bytes": options.get("checkpoint_bytes") or entry.get("checkpoint_bytes"),
+        "gpu_memory_utilization": float(entry["gpu_memory_utilization"] or DEFAULT_GPU_MEMORY_UTILIZATION),
+        "runtime_overhead_bytes": options.get("runtime_overhead_bytes") or DEFAULT_RUNTIME_OVERHEAD_BYTES,
+        "kv_cache_dtype_bytes": _kv_cache_dtype_bytes(entry["extra_args"]),
+        "min_compute_capability": entry["requires"].get("min_compute_capability"),
+        "quantization": entry["quantization"],
+    }
+
+
 def plan(entry, config=None, gpus=None, layout="default", **options):
     """Plan one catalog entry on one host.
 
@@ -445,17 +469,7 @@ def plan(entry, config=None, gpus=None, layout="default", **options):
     """
     shape = None if config is None else model_shape(config)
     listed = gpu_list(gpus)
-    settings = {
-        "max_model_len": options.get("max_model_len")
-        or entry["max_model_len"]
-        or (shape and shape.max_position_embeddings),
-        "checkpoint_bytes": options.get("checkpoint_bytes") or entry.get("checkpoint_bytes"),
-        "gpu_memory_utilization": float(entry["gpu_memory_utilization"] or DEFAULT_GPU_MEMORY_UTILIZATION),
-        "runtime_overhead_bytes": options.get("runtime_overhead_bytes") or DEFAULT_RUNTIME_OVERHEAD_BYTES,
-        "kv_cache_dtype_bytes": _kv_cache_dtype_bytes(entry["extra_args"]),
-        "min_compute_capability": entry["requires"].get("min_compute_capability"),
-        "quantization": entry["quantization"],
-    }
+    settings = planning_settings(entry, shape, options)
     name, chosen = _chosen_layout(entry, layout, shape, listed, settings)
     checks, memory = evaluate(shape, chosen, listed, settings)
     failures = _failures(checks)
