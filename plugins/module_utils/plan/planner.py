@@ -467,6 +467,11 @@ def plan(entry, config=None, gpus=None, layout="default", **options):
     arguments, the checks, the memory plan, warnings, and on failure `failed_rules` (every rule that failed;
     `failed_rule` is the first), `reason` (what each found) and `passing_layouts`.
     """
+    if "group" in entry:
+        raise PlanInputError(
+            f"{entry['name']} is a multi-host entry (group.hosts {entry['group']['hosts']}): it is planned over "
+            "every host of its group, not on one host"
+        )
     shape = None if config is None else model_shape(config)
     listed = gpu_list(gpus)
     settings = planning_settings(entry, shape, options)

@@ -314,3 +314,13 @@ def test_the_memory_plan_is_within_5_percent_of_what_vllm_reported_on_an_h200_an
         assert abs(planned_value - reported) / reported <= 0.05, (planned_value, reported)
     # The plan may promise less KV cache than vLLM gives, never more: a layout it passes must start.
     assert memory["kv_cache_bytes"] / GIB <= measured["kv_cache_gib"]
+
+
+def test_a_multi_host_entry_is_not_planned_on_one_host(entry, config, h200_box):
+    group = {"hosts": "h200_pair", "data_parallel_size_local": 1}
+    layout = {"tensor_parallel_size": 8, "data_parallel_size": 2, "expert_parallel_size": 16}
+    pair = entry("minimax_m25", layout=layout, alternatives={}, group=group)
+    with pytest.raises(
+        PlanInputError, match=r"minimax_m25 is a multi-host entry \(group.hosts h200_pair\): it is planned"
+    ):
+        plan(pair, config("MiniMax-M2.5"), h200_box, "default")
