@@ -116,12 +116,15 @@ def check_quantization_alignment(shape, layout):
     for part, size in shape.intermediate_sizes.items():
         if part not in shape.quantized_parts:
             continue
-        # Expert parallelism places whole experts on ranks; everything else is split by TP.
+        # Expert parallelism places whole experts on ranks; without it the routed experts are split over every
+        # TP x DP rank, everything else by TP.
         whole_experts = part == "routed experts" and layout.expert
-        divisor = 1 if whole_experts else layout.tensor
+        over_data = part == "routed experts" and layout.data > 1
+        divisor = 1 if whole_experts else layout.tensor * (layout.data if over_data else 1)
         shard = size / divisor
         if shard != int(shard) or shard % unit:
-            how = f"{size} (whole experts)" if whole_experts else f"{size} / TP {divisor} = {shard:g}"
+            split = f"TP {layout.tensor} x DP {layout.data}" if over_data else f"TP {divisor}"
+            how = f"{size} (whole experts)" if whole_experts else f"{size} / {split} = {shard:g}"
             # Quote vLLM's own words for FP8 blocks, the error users search for.
             quote = f' ("... = {shard:g} is not divisible by weight quantization block_n = {unit}")'
             return False, (
@@ -233,7 +236,9 @@ def kv_bytes_per_token(shape, layout, dtype_bytes):
 
 
 def weights_per_gpu(shape, layout, checkpoint_bytes):
-    expert_divisor = layout.expert_parallel_size if layout.expert else layout.tensor
+    # vLLM's MoE layers fold DP into TP: the routed experts are spread over every TP x DP rank, as whole experts
+    # under expert parallelism, else as slices of each.
+    expert_divisor = layout.tensor * layout.data
     share = shape.expert_byte_fraction / expert_divisor + (1 - shape.expert_byte_fraction) / layout.tensor
     return int(checkpoint_bytes * share / layout.pipeline)
 
