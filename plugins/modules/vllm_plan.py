@@ -94,9 +94,9 @@ options:
     type: int
     default: 8000
 notes:
-  - The weights per GPU are the checkpoint's bytes divided by TP (routed experts by the expert parallel size), in
-    the proportions of experts and other weights that the config implies; vLLM's own figure differs by a few
-    percent (vision towers, buffers).
+  - The weights per GPU are the checkpoint's bytes divided by TP (routed experts by TP x DP, which vLLM spreads them
+    over with or without expert parallelism), in the proportions of experts and other weights that the config
+    implies; vLLM's own figure differs by a few percent (vision towers, buffers).
 """
 
 EXAMPLES = r"""

@@ -7,6 +7,7 @@ name. Reading is separate from checking: `check_entry` is pure and says exactly 
 including every server setting, so that a deploy fails on a bad entry before it changes any host.
 The facts that the layout planner needs beyond config.json (checkpoint size, quantisation, GPU
 requirements) are checked here too, and the entry gets `checkpoint_bytes` from `checkpoint_size`.
+An entry with `group` is one model over the hosts of an inventory group (plan/group_layout.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ import os
 import re
 
 from ansible_collections.llmops.vllm.plugins.module_utils.observability.alert_rules import check_slo
+from ansible_collections.llmops.vllm.plugins.module_utils.plan.group_layout import (
+    check_group,
+    check_group_entry_settings,
+)
 from ansible_collections.llmops.vllm.plugins.module_utils.service.serve_command import ServeSpecError, build_serve_args
 
 ENTRY_NAME = re.compile(r"[a-z0-9][a-z0-9_]*\Z")
@@ -68,6 +73,8 @@ ENTRY_DEFAULTS = {
     "slo": {},
 }
 REQUIRED_KEYS = ("source", "served_name")
+# Keys that an entry holds only when given: `group` makes it a multi-host entry (plan/group_layout.py).
+OPTIONAL_KEYS = ("group",)
 # Keys that check_entry adds; an entry passed on (to a module) carries them.
 DERIVED_KEYS = ("name", "checkpoint_bytes")
 
@@ -164,9 +171,10 @@ def check_entry(name, raw_entry):
     """Return the entry with defaults filled in and `name` added, or raise CatalogError."""
     if not isinstance(raw_entry, dict):
         _fail(name, f"must be a mapping, got {type(raw_entry).__name__}")
-    unknown = sorted(set(raw_entry) - set(ENTRY_DEFAULTS) - set(REQUIRED_KEYS))
+    known = set(ENTRY_DEFAULTS) | set(REQUIRED_KEYS) | set(OPTIONAL_KEYS)
+    unknown = sorted(set(raw_entry) - known)
     if unknown:
-        _fail(name, f"unknown keys {unknown}; known keys: {sorted(set(ENTRY_DEFAULTS) | set(REQUIRED_KEYS))}")
+        _fail(name, f"unknown keys {unknown}; known keys: {sorted(known)}")
     missing = [key for key in REQUIRED_KEYS if key not in raw_entry]
     if missing:
         _fail(name, f"missing required keys {missing}")
@@ -183,6 +191,12 @@ def check_entry(name, raw_entry):
     if not isinstance(entry["env"], dict):
         _fail(name, "env must map variable names to values")
     entry["env"] = {str(key): str(value) for key, value in entry["env"].items()}
+    if "group" in entry:
+        try:
+            entry["group"] = check_group(entry["group"], entry["layout"])
+            check_group_entry_settings(entry)
+        except ValueError as error:
+            _fail(name, str(error))
     _check_planning_facts(name, entry)
     try:
         entry["slo"] = check_slo(entry["slo"])

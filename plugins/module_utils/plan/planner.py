@@ -116,12 +116,15 @@ def check_quantization_alignment(shape, layout):
     for part, size in shape.intermediate_sizes.items():
         if part not in shape.quantized_parts:
             continue
-        # Expert parallelism places whole experts on ranks; everything else is split by TP.
+        # Expert parallelism places whole experts on ranks; without it the routed experts are split over every
+        # TP x DP rank, everything else by TP.
         whole_experts = part == "routed experts" and layout.expert
-        divisor = 1 if whole_experts else layout.tensor
+        over_data = part == "routed experts" and layout.data > 1
+        divisor = 1 if whole_experts else layout.tensor * (layout.data if over_data else 1)
         shard = size / divisor
         if shard != int(shard) or shard % unit:
-            how = f"{size} (whole experts)" if whole_experts else f"{size} / TP {divisor} = {shard:g}"
+            split = f"TP {layout.tensor} x DP {layout.data}" if over_data else f"TP {divisor}"
+            how = f"{size} (whole experts)" if whole_experts else f"{size} / {split} = {shard:g}"
             # Quote vLLM's own words for FP8 blocks, the error users search for.
             quote = f' ("... = {shard:g} is not divisible by weight quantization block_n = {unit}")'
             return False, (
@@ -233,7 +236,9 @@ def kv_bytes_per_token(shape, layout, dtype_bytes):
 
 
 def weights_per_gpu(shape, layout, checkpoint_bytes):
-    expert_divisor = layout.expert_parallel_size if layout.expert else layout.tensor
+    # vLLM's MoE layers fold DP into TP: the routed experts are spread over every TP x DP rank, as whole experts
+    # under expert parallelism, else as slices of each.
+    expert_divisor = layout.tensor * layout.data
     share = shape.expert_byte_fraction / expert_divisor + (1 - shape.expert_byte_fraction) / layout.tensor
     return int(checkpoint_bytes * share / layout.pipeline)
 
@@ -289,19 +294,24 @@ def _links(gpus, topology, used):
 
 def _gpu_checks(shape, layout, gpus, settings):
     """(rule, passed, detail) for the rules that need GPUs (passed None: skipped), and the memory plan."""
-    checks = []
     if layout.gpus > len(gpus):
-        checks.append(("gpu_count", False, f"{layout.describe()} needs {layout.gpus} GPUs; this host has {len(gpus)}"))
-        return checks, None
-    checks.append(("gpu_count", True, f"{layout.gpus} of {len(gpus)} GPUs"))
+        return [("gpu_count", False, f"{layout.describe()} needs {layout.gpus} GPUs; this host has {len(gpus)}")], None
+    checks, memory = gpu_rules(shape, layout, gpus[: layout.gpus], settings)
+    return [("gpu_count", True, f"{layout.gpus} of {len(gpus)} GPUs"), *checks], memory
+
+
+def gpu_rules(shape, layout, used, settings):
+    """(rule, passed, detail) for compute capability and memory on `used`, the GPUs that the layout takes on one
+    host (passed None: skipped), and the memory plan of one of them."""
+    checks = []
     wanted = settings["min_compute_capability"]
     if wanted:
-        found = {compute_capability(gpu) for gpu in gpus[: layout.gpus]}
+        found = {compute_capability(gpu) for gpu in used}
         if None in found:
             checks.append(("compute_capability", False, f"needs compute capability {wanted}; the GPU facts lack it"))
         elif min(found) < capability_tuple(wanted):
             have = ".".join(map(str, min(found)))
-            detail = f"needs compute capability {wanted} or above; {gpus[0].get('name', 'the GPU')} has {have}"
+            detail = f"needs compute capability {wanted} or above; {used[0].get('name', 'the GPU')} has {have}"
             checks.append(("compute_capability", False, detail))
         else:
             checks.append(("compute_capability", True, f"compute capability {wanted} or above"))
@@ -311,21 +321,25 @@ def _gpu_checks(shape, layout, gpus, settings):
     if missing:
         checks.append(("memory", None, f"not checked: {' and '.join(missing)} unknown"))
         return checks, None
-    memory = memory_plan(shape, layout, gpus, settings)
+    memory = memory_plan(shape, layout, used, settings)
     checks.append(("memory", *check_memory(memory)))
     return checks, memory
 
 
+def model_checks(shape, layout, settings):
+    """The rules of the model's shape and context on one layout; a check is {rule, status, detail}."""
+    if shape is None:
+        return [{"rule": "model", "status": "skipped", "detail": "no config.json: model rules not checked"}]
+    checks = [{"rule": "max_model_len", **_check_context(shape, settings["max_model_len"])}]
+    for rule, check in MODEL_RULES:
+        passed, detail = check(shape, layout)
+        checks.append({"rule": rule, "status": "pass" if passed else "fail", "detail": detail})
+    return checks
+
+
 def evaluate(shape, layout, gpus, settings):
     """Every rule on one layout: (checks, memory). A check is {rule, status, detail}."""
-    checks = []
-    if shape is None:
-        checks.append({"rule": "model", "status": "skipped", "detail": "no config.json: model rules not checked"})
-    else:
-        checks.append({"rule": "max_model_len", **_check_context(shape, settings["max_model_len"])})
-        for rule, check in MODEL_RULES:
-            passed, detail = check(shape, layout)
-            checks.append({"rule": rule, "status": "pass" if passed else "fail", "detail": detail})
+    checks = model_checks(shape, layout, settings)
     if not gpus:
         checks.append({"rule": "gpus", "status": "skipped", "detail": "no GPU facts: GPU count and memory not checked"})
         return checks, None
@@ -433,19 +447,9 @@ def _kv_cache_dtype_bytes(extra_args):
     return 2
 
 
-def plan(entry, config=None, gpus=None, layout="default", **options):
-    """Plan one catalog entry on one host.
-
-    entry: a checked catalog entry; config: config.json as a dict, or None when there is none yet
-    (generated models); gpus: the vllm_gpus facts, or None; layout: `default`, an alternative's name,
-    `auto`, or a mapping of parallel sizes. options: max_model_len, checkpoint_bytes,
-    runtime_overhead_bytes, model_path, host, port. Returns a dict with `ok`, the layout, its serve
-    arguments, the checks, the memory plan, warnings, and on failure `failed_rules` (every rule that failed;
-    `failed_rule` is the first), `reason` (what each found) and `passing_layouts`.
-    """
-    shape = None if config is None else model_shape(config)
-    listed = gpu_list(gpus)
-    settings = {
+def planning_settings(entry, shape, options):
+    """What the rules need besides the shape and the layout: the entry's settings, and the options over them."""
+    return {
         "max_model_len": options.get("max_model_len")
         or entry["max_model_len"]
         or (shape and shape.max_position_embeddings),
@@ -456,6 +460,26 @@ def plan(entry, config=None, gpus=None, layout="default", **options):
         "min_compute_capability": entry["requires"].get("min_compute_capability"),
         "quantization": entry["quantization"],
     }
+
+
+def plan(entry, config=None, gpus=None, layout="default", **options):
+    """Plan one catalog entry on one host.
+
+    entry: a checked catalog entry; config: config.json as a dict, or None when there is none yet
+    (generated models); gpus: the vllm_gpus facts, or None; layout: `default`, an alternative's name,
+    `auto`, or a mapping of parallel sizes. options: max_model_len, checkpoint_bytes,
+    runtime_overhead_bytes, model_path, host, port. Returns a dict with `ok`, the layout, its serve
+    arguments, the checks, the memory plan, warnings, and on failure `failed_rules` (every rule that failed;
+    `failed_rule` is the first), `reason` (what each found) and `passing_layouts`.
+    """
+    if "group" in entry:
+        raise PlanInputError(
+            f"{entry['name']} is a multi-host entry (group.hosts {entry['group']['hosts']}): it is planned over "
+            "every host of its group, not on one host"
+        )
+    shape = None if config is None else model_shape(config)
+    listed = gpu_list(gpus)
+    settings = planning_settings(entry, shape, options)
     name, chosen = _chosen_layout(entry, layout, shape, listed, settings)
     checks, memory = evaluate(shape, chosen, listed, settings)
     failures = _failures(checks)

@@ -14,6 +14,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = ROOT / "tests" / "unit" / "fixtures" / "configs"
+NVIDIA_SMI = ROOT / "tests" / "unit" / "fixtures" / "nvidia-smi"
 
 
 def gpu_facts(count, name, memory_total_mib, link, kind, compute_capability=None):
@@ -44,6 +45,37 @@ def gpu_facts(count, name, memory_total_mib, link, kind, compute_capability=None
         "cuda_version": "13.0",
         "backend": "nvml",
     }
+
+
+# nvidia-smi's name and memory.total of the GPUs of 8-GPU HGX hosts: the H200's as captured on the GPU machines
+# (fixtures/nvidia-smi/h200-2gpu/query-gpu.csv), the H100's as an H100 SXM of 80 GB reports them.
+HGX_GPUS = {"H100": ("NVIDIA H100 80GB HBM3", 81559), "H200": ("NVIDIA H200", 143771)}
+
+
+@pytest.fixture
+def hgx_host():
+    """`hgx_host(kind, name, address)`: an 8-GPU HGX host of `kind` (H100 or H200) as the group planner takes it, its
+    GPU facts read by the collection's parsers from nvidia-smi output in the captured formats (--query-gpu rows as
+    h200-2gpu/query-gpu.csv has them, the NVSwitch topology of hgx-8gpu-nvlink.txt)."""
+    from ansible_collections.llmops.vllm.plugins.module_utils.gpu.nvidia import (
+        parse_query_gpu,
+        parse_topology_matrix,
+        topology,
+    )
+
+    matrix = parse_topology_matrix((NVIDIA_SMI / "hgx-8gpu-nvlink.txt").read_text())
+
+    def make(kind, name, address):
+        model, memory = HGX_GPUS[kind]
+        query_gpu = "\n".join(
+            f"{index}, GPU-{name}-{index:04d}, {model}, {memory}, 0, Disabled, 00000000:{0x18 + index:02X}:00.0"
+            for index in range(8)
+        )
+        gpus = [gpu.as_dict() for gpu in parse_query_gpu(query_gpu)]
+        facts = {"present": True, "count": len(gpus), "gpus": gpus, "topology": topology(matrix)}
+        return {"name": name, "address": address, "gpus": facts}
+
+    return make
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ import pytest
 import yaml
 
 from ansible_collections.llmops.vllm.plugins.module_utils.plan.catalog import (
+    DERIVED_KEYS,
     ENTRY_DEFAULTS,
     CatalogError,
     catalog_files,
@@ -126,3 +127,115 @@ def test_unknown_name_lists_every_known_name(tmp_path):
 def test_missing_directory_is_named(tmp_path):
     with pytest.raises(CatalogError, match=r"catalog directory .*nowhere.* does not exist"):
         catalog_files([str(tmp_path / "nowhere")])
+
+
+# Multi-host entries: the layout counts over the whole group, `group` places it.
+DATA_PARALLEL_GROUP = {
+    **MINIMAL,
+    "layout": {"tensor_parallel_size": 8, "data_parallel_size": 2, "expert_parallel_size": 16},
+    "group": {"hosts": "h200_pair", "data_parallel_size_local": 1},
+}
+MODEL_PARALLEL_GROUP = {
+    **MINIMAL,
+    "layout": {"tensor_parallel_size": 8, "pipeline_parallel_size": 2},
+    "group": {"hosts": "h100_pair", "head": "gpu-a", "interconnect": "infiniband"},
+}
+
+
+def test_a_data_parallel_group_gets_vllms_rpc_port_and_one_api_server():
+    group = check_entry("tiny", DATA_PARALLEL_GROUP)["group"]
+    assert group == {
+        "hosts": "h200_pair",
+        "head": None,
+        "data_parallel_size_local": 1,
+        "load_balancing": "internal",
+        "interconnect": None,
+        "rpc_port": 29550,
+        "master_port": None,
+    }
+
+
+def test_a_replica_over_hosts_gets_vllms_master_port():
+    group = check_entry("tiny", MODEL_PARALLEL_GROUP)["group"]
+    assert (group["master_port"], group["rpc_port"], group["data_parallel_size_local"]) == (29501, None, None)
+    assert (group["head"], group["interconnect"]) == ("gpu-a", "infiniband")
+
+
+def test_a_checked_group_entry_checks_again_the_same():
+    # vllm_plan checks the entry that the lookup already checked.
+    for raw in (DATA_PARALLEL_GROUP, MODEL_PARALLEL_GROUP):
+        checked = check_entry("tiny", raw)
+        again = check_entry("tiny", {key: value for key, value in checked.items() if key not in DERIVED_KEYS})
+        assert again == checked
+
+
+def test_one_host_entries_hold_no_group():
+    assert "group" not in check_entry("tiny", dict(MINIMAL))
+
+
+def with_group(base, layout=None, **group):
+    return {**base, "layout": layout or base["layout"], "group": {**base["group"], **group}}
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({**MINIMAL, "group": "h200_pair"}, "group must be a mapping with hosts"),
+        ({**MINIMAL, "group": {"head": "gpu-a"}}, "group.hosts must name an inventory group"),
+        (with_group(MODEL_PARALLEL_GROUP, hosts="gpu-pair"), r"group.hosts must name an inventory group .* 'gpu-pair'"),
+        (with_group(MODEL_PARALLEL_GROUP, heads="gpu-a"), r"group has unknown keys \['heads'\]"),
+        (with_group(MODEL_PARALLEL_GROUP, head="gpu a"), "group.head must be the inventory name of one host"),
+        (with_group(MODEL_PARALLEL_GROUP, load_balancing="router"), "group.load_balancing must be one of"),
+        (with_group(MODEL_PARALLEL_GROUP, interconnect="roce"), r"group.interconnect must be one of \['ethernet', "),
+        (with_group(MODEL_PARALLEL_GROUP, master_port=70000), "group.master_port must be a port from 1 to 65535"),
+        (
+            with_group(MODEL_PARALLEL_GROUP, data_parallel_size_local=1),
+            r"group.data_parallel_size_local places data parallel ranks, and the layout has none",
+        ),
+        (with_group(MODEL_PARALLEL_GROUP, rpc_port=13345), "group.rpc_port is dialled by data parallel hosts"),
+        (
+            with_group(MODEL_PARALLEL_GROUP, load_balancing="hybrid"),
+            r"group.load_balancing hybrid balances data parallel ranks, and the layout has one replica",
+        ),
+        (
+            with_group(DATA_PARALLEL_GROUP, data_parallel_size_local=None),
+            "group.data_parallel_size_local .the data parallel ranks on each host. must be a whole number of at least "
+            "1 with data_parallel_size 2, got None",
+        ),
+        (
+            with_group(
+                DATA_PARALLEL_GROUP,
+                {"tensor_parallel_size": 2, "data_parallel_size": 4, "expert_parallel_size": 8},
+                data_parallel_size_local=3,
+            ),
+            "group.data_parallel_size_local 3 does not divide data_parallel_size 4",
+        ),
+        (
+            with_group(DATA_PARALLEL_GROUP, data_parallel_size_local=2),
+            r"group.data_parallel_size_local 2 puts all 2 data parallel ranks on one host: that is a one-host entry",
+        ),
+        (with_group(DATA_PARALLEL_GROUP, master_port=29501), "group.master_port is the rendezvous of one replica"),
+        (with_group(DATA_PARALLEL_GROUP, rpc_port="port"), "group.rpc_port must be a port from 1 to 65535"),
+        (
+            with_group(
+                DATA_PARALLEL_GROUP, {"tensor_parallel_size": 8, "data_parallel_size": 2, "expert_parallel_size": 8}
+            ),
+            "layout.expert_parallel_size 8 is not possible: vLLM spreads experts over tensor_parallel_size x "
+            "data_parallel_size = 16 ranks",
+        ),
+        (
+            {**DATA_PARALLEL_GROUP, "alternatives": {"tp4": {"tensor_parallel_size": 4}}},
+            r"a multi-host entry has one layout; alternatives \['tp4'\] need entries of their own",
+        ),
+        (
+            {**DATA_PARALLEL_GROUP, "extra_args": ["--data-parallel-rpc-port=13345"]},
+            "--data-parallel-rpc-port in extra_args: the group writes it for each host",
+        ),
+        ({**DATA_PARALLEL_GROUP, "extra_args": ["--headless"]}, "--headless in extra_args: the group writes it"),
+        ({**DATA_PARALLEL_GROUP, "env": {"VLLM_HOST_IP": "10.0.0.1"}}, "env sets VLLM_HOST_IP, which each host"),
+        ({**DATA_PARALLEL_GROUP, "env": {"NCCL_IB_HCA": "mlx5"}}, "env sets NCCL_IB_HCA, which each host"),
+    ],
+)
+def test_bad_group_entries_name_the_key(raw, message):
+    with pytest.raises(CatalogError, match=f"catalog entry 'tiny': {message}"):
+        check_entry("tiny", raw)

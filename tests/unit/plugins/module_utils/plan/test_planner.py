@@ -68,6 +68,22 @@ def test_minimax_expert_parallel_layouts_pass_and_split_only_the_experts(entry, 
     assert dp8["memory"]["max_concurrency_at_max_model_len"] % 8 == 0
 
 
+def test_data_parallel_without_expert_parallel_slices_the_experts_over_every_rank(entry, config, h200_box):
+    """vLLM's MoE layers fold DP into TP: without expert parallelism each expert is sliced over TP x DP ranks, so
+    TP 4 x DP 2 cuts MiniMax-M2.5's 1536 into the 192 that TP 8 does; with it, the experts stay whole."""
+    minimax, shape = entry("minimax_m25"), config("MiniMax-M2.5")
+    sliced = plan(minimax, shape, h200_box, {"tensor_parallel_size": 4, "data_parallel_size": 2})
+    assert sliced["failed_rules"] == ["quantization_alignment"]
+    assert "1536 / TP 4 x DP 2 = 192 is not a multiple of the FP8 weight block 128x128" in sliced["reason"]
+    whole = plan(
+        minimax, shape, h200_box, {"tensor_parallel_size": 4, "data_parallel_size": 2, "expert_parallel_size": 8}
+    )
+    tp8_ep8 = plan(minimax, shape, h200_box, "ep8")
+    assert whole["ok"]
+    # The experts take an eighth of their bytes on each GPU either way; attention and embeddings a quarter at TP 4.
+    assert tp8_ep8["memory"]["weights_bytes"] < whole["memory"]["weights_bytes"] < 230e9 / 4
+
+
 def test_kimi_int4_tp8_is_accepted_with_the_mla_over_pcie_warning(entry, config, seed_box):
     result = plan(entry("kimi_k25"), config("Kimi-K2.5"), seed_box, "default")
     assert result["ok"] is True, result["checks"]
@@ -314,3 +330,13 @@ def test_the_memory_plan_is_within_5_percent_of_what_vllm_reported_on_an_h200_an
         assert abs(planned_value - reported) / reported <= 0.05, (planned_value, reported)
     # The plan may promise less KV cache than vLLM gives, never more: a layout it passes must start.
     assert memory["kv_cache_bytes"] / GIB <= measured["kv_cache_gib"]
+
+
+def test_a_multi_host_entry_is_not_planned_on_one_host(entry, config, h200_box):
+    group = {"hosts": "h200_pair", "data_parallel_size_local": 1}
+    layout = {"tensor_parallel_size": 8, "data_parallel_size": 2, "expert_parallel_size": 16}
+    pair = entry("minimax_m25", layout=layout, alternatives={}, group=group)
+    with pytest.raises(
+        PlanInputError, match=r"minimax_m25 is a multi-host entry \(group.hosts h200_pair\): it is planned"
+    ):
+        plan(pair, config("MiniMax-M2.5"), h200_box, "default")
