@@ -318,11 +318,12 @@ def packaging(settings: dict, device: str, target: str, state: dict, base: dict 
     return {"pending": pending, "directory": wheel_directory(target), "wheels": wheels, "uninstall": unwanted}
 
 
-def wheels_install_command(settings: dict, target: str, uv: str, wheels: list[dict]) -> list[str]:
+def wheels_install_command(target: str, uv: str, wheels: list[dict]) -> list[str]:
     """The uv command that installs the wheels built into the venv's wheel directory, again where one is there at
     the same version (a file of it changed)."""
-    command = [uv, "pip", "install", "--python", interpreter(target)]
-    command += ["--cache-dir", posixpath.join(settings["uv_venv"], "cache"), "--no-index"]
+    # Without uv's cache: uv links a cached wheel's files into the venv (hard links on Linux), so that a file
+    # changed in the venv would be changed in the cache too, and installed again as it was changed.
+    command = [uv, "pip", "install", "--python", interpreter(target), "--no-cache", "--no-index"]
     command += [f"--find-links={wheel_directory(target)}", "--no-deps"]
     for wheel in wheels:
         command += ["--reinstall-package", wheel["name"]]
@@ -442,7 +443,7 @@ def plan(settings: dict, host: dict) -> dict:
             "install": install,
             "install_stdin": stdin,
             "uninstall": [uv, "pip", "uninstall", "--python", interpreter(target), *pack["uninstall"]],
-            "install_wheels": wheels_install_command(settings, target, uv, pack["wheels"]),
+            "install_wheels": wheels_install_command(target, uv, pack["wheels"]),
         },
         "packaging": pack,
         # What vllm_import_check must find besides vLLM: the CPU build's AMX plugin, the guard in every venv.

