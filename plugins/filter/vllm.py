@@ -21,6 +21,8 @@ from ansible_collections.llmops.vllm.plugins.module_utils.instance.host_instance
 from ansible_collections.llmops.vllm.plugins.module_utils.instance.record import remote_url
 from ansible_collections.llmops.vllm.plugins.module_utils.instance.status import status_row
 from ansible_collections.llmops.vllm.plugins.module_utils.plan.catalog import CatalogError
+from ansible_collections.llmops.vllm.plugins.module_utils.plan.group_planner import group_hosts
+from ansible_collections.llmops.vllm.plugins.module_utils.plan.model_shape import PlanInputError
 from ansible_collections.llmops.vllm.plugins.module_utils.router.choice import (
     chosen_key,
     chosen_workers,
@@ -79,6 +81,7 @@ def _as_filter_error(function):
             CatalogError,
             ClockError,
             InstanceError,
+            PlanInputError,
             RouterError,
             ServeSpecError,
             SwapError,
@@ -98,6 +101,7 @@ class FilterModule:
             "vllm_server_environment": _as_filter_error(build_server_environment),
             "vllm_model_info_sharing": _as_filter_error(model_info_sharing),
             "vllm_layout_gpu_count": layout_gpu_count,
+            "vllm_group_hosts": _as_filter_error(group_hosts),
             "systemd_exec_line": _as_filter_error(exec_line),
             "systemd_environment_file": _as_filter_error(environment_file),
             "vllm_instances": _as_filter_error(normalize),

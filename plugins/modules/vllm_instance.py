@@ -84,6 +84,14 @@ options:
     description: Whether it runs with vLLM's sleep mode, so that a swap may put it to sleep.
     type: bool
     default: false
+  group:
+    description:
+      - For a member of a multi-host group, its part of the group as the record keeps it: C(role) (C(head) or
+        C(worker)), C(hosts), C(head) (C(name), C(address)), C(serves_api) and C(data_parallel_size). Empty for a
+        one-host instance.
+      - A member that serves no API (a headless worker) is reached, in its record's C(url), at the head.
+    type: dict
+    default: {}
   load_timeout:
     description: Seconds from its start until it must serve.
     type: int
@@ -172,6 +180,7 @@ record:
     vllm_version: 0.32.0
     layout: {"tensor_parallel_size": 1}
     sleep_mode: false
+    group: {}
     load_timeout: 300
     drain_timeout: 10
     stop_timeout: 30
@@ -244,6 +253,7 @@ def main():
             "vllm_version": REQUIRED_TEXT,
             "layout": {"type": "dict", "required": True},
             "sleep_mode": {"type": "bool", "default": False},
+            "group": {"type": "dict", "default": {}},
             "load_timeout": REQUIRED_INT,
             "drain_timeout": REQUIRED_INT,
             "stop_timeout": REQUIRED_INT,

@@ -93,6 +93,18 @@ options:
     description: The C(--port) of the returned serve arguments.
     type: int
     default: 8000
+  group_hosts:
+    description:
+      - For a multi-host entry (one with C(group)), every host of its inventory group in inventory order, each
+        C(name) (the inventory name), C(address) (the IP address that the other hosts reach it on) and C(gpus)
+        (its C(vllm_gpus) facts); optionally C(interface) (the network interface between the hosts) and
+        C(ib_hca) (C(NCCL_IB_HCA)).
+      - The group is planned over all of them; RV(group) is this host's part, the host named by O(group_host).
+    type: list
+    elements: dict
+  group_host:
+    description: This host's inventory name, one of O(group_hosts).
+    type: str
 notes:
   - The weights per GPU are the checkpoint's bytes divided by TP (routed experts by TP x DP, which vLLM spreads them
     over with or without expert parallelism), in the proportions of experts and other weights that the config
@@ -118,6 +130,25 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+group:
+  description:
+    - For a multi-host entry, this host's part of the group; absent for a one-host entry.
+    - C(mode) (C(data_parallel) or C(model_parallel)), C(hosts) (the group's, head first), C(head) (C(name),
+      C(address)), C(role) (C(head) or C(worker)), C(node_rank), C(data_parallel_ranks), C(serves_api), C(args)
+      (what this host adds to C(vllm serve)) and C(environment) (what it adds to the server's environment).
+  returned: success, for a multi-host entry
+  type: dict
+  sample:
+    mode: data_parallel
+    hosts: [gpu-a, gpu-b]
+    head: {name: gpu-a, address: 10.0.0.1}
+    role: worker
+    node_rank: 1
+    data_parallel_ranks: [1]
+    serves_api: false
+    args: [--data-parallel-size-local, "1", --data-parallel-start-rank, "1", --data-parallel-address, 10.0.0.1,
+           --data-parallel-rpc-port, "29550", --headless]
+    environment: {VLLM_HOST_IP: 10.0.0.2}
 ok:
   description: Whether every rule passed.
   returned: always
@@ -201,6 +232,7 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.llmops.vllm.plugins.module_utils.plan.catalog import DERIVED_KEYS, CatalogError, check_entry
+from ansible_collections.llmops.vllm.plugins.module_utils.plan.group_planner import plan_group
 from ansible_collections.llmops.vllm.plugins.module_utils.plan.model_shape import PlanInputError
 from ansible_collections.llmops.vllm.plugins.module_utils.plan.planner import GIB, failure_message, gpu_list, plan
 from ansible_collections.llmops.vllm.plugins.module_utils.service.serve_command import ServeSpecError
@@ -243,6 +275,61 @@ def fetch_hub_config(module):
         )
 
 
+def group_option_problems(params, entry):
+    """A multi-host entry is planned on its own layout over every host of its group."""
+    group = entry["group"]["hosts"]
+    problems = []
+    if params["layout"] != "default":
+        problems.append(f"a multi-host entry is planned on its own layout, not layout {params['layout']!r}")
+    if not params["group_hosts"]:
+        problems.append(
+            f"it is a multi-host entry: give group_hosts, the name, address and GPU facts of every host of {group}, "
+            "and group_host, this host's name"
+        )
+    elif params["group_host"] not in [host.get("name") for host in params["group_hosts"]]:
+        problems.append(f"group_host {params['group_host']!r} is not one of the hosts of {group} in group_hosts")
+    return problems
+
+
+def plan_the_group(module, entry, config, checkpoint_bytes):
+    """Plans the group over all its hosts and exits with this host's part of it."""
+    params = module.params
+    try:
+        result = plan_group(
+            entry,
+            config,
+            params["group_hosts"],
+            max_model_len=params["max_model_len"],
+            checkpoint_bytes=checkpoint_bytes,
+            runtime_overhead_bytes=int(params["runtime_overhead_gib"] * GIB),
+        )
+    except PlanInputError as error:
+        module.fail_json(msg=f"Cannot plan {entry['name']}: {error}")
+    if not result["ok"]:
+        module.fail_json(msg=f"Cannot plan {result['reason']}", **result)
+    this = next(host for host in result["hosts"] if host["name"] == params["group_host"])
+    head = result["hosts"][0]
+    ranks = ", ".join(map(str, this["data_parallel_ranks"]))
+    part = f"the {this['role']}" + (f", data parallel rank(s) {ranks}" if ranks else f", node rank {this['node_rank']}")
+    module.exit_json(
+        changed=False,
+        ok=True,
+        layout=result["layout"],
+        layout_name="default",
+        description=result["description"],
+        summary=f"{entry['name']} {result['description']}: {this['name']} is {part}",
+        checks=result["checks"] + this["checks"],
+        memory=this["memory"],
+        group={
+            "mode": result["mode"],
+            "hosts": [host["name"] for host in result["hosts"]],
+            "head": {"name": head["name"], "address": head["address"]},
+            **{key: this[key] for key in ("role", "node_rank", "data_parallel_ranks", "serves_api", "environment")},
+            "args": this["group_args"],
+        },
+    )
+
+
 def serve_options(params):
     """The options that go into the planned serve arguments."""
     return {name: params[name] for name in ("max_model_len", "model_path", "host", "port")}
@@ -267,6 +354,8 @@ def option_problems(params, entry):
     # The environment's hub counts only where the hub is asked.
     problems += where_problems(params["mirror"], params["hub_endpoint"], None if params["hub_repo"] else {})
     layout = params["layout"]
+    if "group" in entry:
+        return problems + group_option_problems(params, entry)
     if not isinstance(layout, (str, dict)):
         problems.append(f"layout must be auto, default, an alternative's name or a mapping, got {layout!r}")
     else:
@@ -302,8 +391,11 @@ def main():
             "model_path": {"type": "str"},
             "host": {"type": "str", "default": "0.0.0.0"},
             "port": {"type": "int", "default": 8000},
+            "group_hosts": {"type": "list", "elements": "dict"},
+            "group_host": {"type": "str"},
         },
         mutually_exclusive=[("config", "config_path", "hub_repo")],
+        required_together=[("group_hosts", "group_host")],
         supports_check_mode=True,
     )
     params = module.params
@@ -325,13 +417,16 @@ def main():
     elif params["hub_repo"]:
         config = fetch_hub_config(module)
 
+    checkpoint_bytes = params["checkpoint_bytes"] or entry["checkpoint_bytes"] or local_bytes
+    if "group" in entry:
+        plan_the_group(module, entry, config, checkpoint_bytes)
     try:
         result = plan(
             entry,
             config=config,
             gpus=params["gpus"],
             layout=params["layout"],
-            checkpoint_bytes=params["checkpoint_bytes"] or entry["checkpoint_bytes"] or local_bytes,
+            checkpoint_bytes=checkpoint_bytes,
             runtime_overhead_bytes=int(params["runtime_overhead_gib"] * GIB),
             **serve_options(params),
         )

@@ -413,7 +413,7 @@ def check_options(params) -> None:
 def target_from(params) -> tuple[str, dict]:
     """(unit, what the server is) from the instance's record, or from the options without one.
 
-    The dict has url, served_name and api_key, and the record's timeouts (empty without a record); a
+    The dict has url, served_name and api_key, and the record's timeouts and group (empty without a record); a
     RecordError says why the instance cannot be used.
     """
     if params["instance"] is None:
@@ -422,7 +422,7 @@ def target_from(params) -> tuple[str, dict]:
     record = find(params["config_dir"], params["instance"])
     timeouts = {name: record[name] for name in ("load_timeout", "drain_timeout", "stop_timeout")}
     served = {"url": record["url"], "served_name": record["served_name"], "api_key": api_key(record)}
-    return record["unit"], {**served, **timeouts}
+    return record["unit"], {**served, **timeouts, "group": record["group"]}
 
 
 def settings_from(params, target: dict) -> Settings:
@@ -440,6 +440,7 @@ def settings_from(params, target: dict) -> Settings:
         drain_timeout=drain,
         kill_orphans=params["kill_orphans"],
         journal_lines=params["journal_lines"],
+        group_ranks=target.get("group", {}).get("data_parallel_size", 0),
         **seconds,
     )
 

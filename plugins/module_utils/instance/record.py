@@ -34,7 +34,9 @@ WILDCARD_HOSTS = ("0.0.0.0", "::")
 TEXT_FIELDS = ("instance", "unit", "model", "served_name", "host", "url", "model_path", "python", "vllm_version")
 TIMEOUT_FIELDS = {"load_timeout": 1, "drain_timeout": 0, "stop_timeout": 1}
 # Fields added since the first release that an older record is read with, at the value it had then.
-OPTIONAL_FIELDS = {"sleep_mode": False}
+OPTIONAL_FIELDS = {"sleep_mode": False, "group": {}}
+# A member of a multi-host group: its part of the group (empty for a one-host instance).
+GROUP_ROLES = ("head", "worker")
 FIELDS = (*TEXT_FIELDS, "port", "gpus", "layout", "secrets", *TIMEOUT_FIELDS, *OPTIONAL_FIELDS)
 # What every record has had since the first release: enough to list an instance and check clashes.
 CORE_FIELDS = ("instance", "unit", "port")
@@ -54,6 +56,14 @@ def local_url(host: str, port: int) -> str:
     except ValueError:  # a host name
         pass
     return f"http://{address}:{port}"
+
+
+def group_url(host: str, port: int, group: dict) -> str:
+    """Where the group that an instance belongs to serves: its own API server, or the head's for a member that
+    serves no API (a headless worker); for a one-host instance its own."""
+    if group and not group["serves_api"]:
+        return local_url(group["head"]["address"], port)
+    return local_url(host, port)
 
 
 def remote_url(record: dict, address: str) -> str:
@@ -95,6 +105,23 @@ def _is_seconds(value, minimum: int) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, float)) and value >= minimum
 
 
+def _is_group(value) -> bool:
+    if value == {}:
+        return True
+    return (
+        isinstance(value, dict)
+        and value.get("role") in GROUP_ROLES
+        and isinstance(value.get("hosts"), list)
+        and len(value["hosts"]) > 1
+        and all(_is_text(host) for host in value["hosts"])
+        and isinstance(value.get("head"), dict)
+        and _is_text(value["head"].get("name"))
+        and _is_text(value["head"].get("address"))
+        and isinstance(value.get("serves_api"), bool)
+        and _is_whole(value.get("data_parallel_size"), 1)
+    )
+
+
 def _is_secrets(value) -> bool:
     return (
         isinstance(value, dict)
@@ -116,6 +143,11 @@ CHECKS = {
     "layout": (lambda value: isinstance(value, dict), "a mapping"),
     "secrets": (_is_secrets, "{environment_file: ABSOLUTE PATH, api_key_variable: NAME}"),
     "sleep_mode": (lambda value: isinstance(value, bool), "true or false"),
+    "group": (
+        _is_group,
+        "{} or a group member {role: head|worker, hosts: [two or more], head: {name, address}, serves_api, "
+        "data_parallel_size}",
+    ),
     **{
         field: (
             lambda value, minimum=minimum: _is_seconds(value, minimum),
@@ -140,8 +172,8 @@ def _problems(record: dict, required=FIELDS) -> list[str]:
 def build_record(fields: dict) -> dict:
     """The record of an instance from its fields (FIELDS less url, which is computed); RecordError if unusable."""
     record = {field: fields.get(field, OPTIONAL_FIELDS.get(field)) for field in FIELDS if field != "url"}
-    if isinstance(record["host"], str) and isinstance(record["port"], int):
-        record["url"] = local_url(record["host"], record["port"])
+    if isinstance(record["host"], str) and isinstance(record["port"], int) and _is_group(record["group"]):
+        record["url"] = group_url(record["host"], record["port"], record["group"])
     problems = _problems(record)
     if problems:
         raise RecordError(f"The record of instance {fields.get('instance')!r} " + "; ".join(problems))

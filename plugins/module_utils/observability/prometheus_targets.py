@@ -67,12 +67,13 @@ def target_groups(records: list[dict], host: str, address: str, local: bool) -> 
     """The file_sd groups of the records, for a Prometheus on the host (`local`) or on another one.
 
     From another host, an instance that listens on loopback alone is out of reach: it is left out (see
-    `only_local`).
+    `only_local`). So is a member of a multi-host group that serves no API (a headless worker): its group's
+    metrics are the head's, whose own record makes the target.
     """
     return [
         {"targets": [scrape_address(record, address, local)], "labels": labels(record, host)}
         for record in records
-        if local or not only_local(record)
+        if (local or not only_local(record)) and record.get("group", {}).get("serves_api", True)
     ]
 
 

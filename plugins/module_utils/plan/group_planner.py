@@ -75,6 +75,10 @@ def group_serve_args(layout, group, placement, host_count, head_address):
         args += ["--master-addr", head_address, "--master-port", str(group["master_port"])]
     if placement.headless:
         args.append("--headless")
+    else:
+        # vLLM starts an API server per data parallel rank of the host by default; one process serves here, as on
+        # one host, so that a stop asks that process which requests it cut off.
+        args += ["--api-server-count", "1"]
     return args
 
 
@@ -220,11 +224,15 @@ def _group_checks(layout, group, mode, hosts, per_host):
     return checks
 
 
-def _host_checks(shape, layout, mode, host, per_host, settings):
-    """(checks, memory) of one host on its share of the layout."""
+def _host_checks(shape, layout, mode, host, per_host, settings, cpu_group):
+    """(checks, memory) of one host on its share of the layout; in a group of CPU hosts the GPU rules are skipped,
+    as on one host without GPUs."""
     gpus = host["gpu_list"]
+    if not gpus and cpu_group:
+        return [("gpus", None, "no GPUs on any host of the group: GPU count and memory not checked")], None
     if not gpus:
-        return [("gpus", False, "no GPUs in its facts (vllm_gpus.present false): each host serves from its GPUs")], None
+        missing = "no GPUs in its facts (vllm_gpus.present false), unlike other hosts of the group"
+        return [("gpus", False, missing)], None
     if per_host is None:
         return [("gpu_count", None, "not checked: the layout does not split evenly over the hosts")], None
     if per_host > len(gpus):
@@ -240,6 +248,26 @@ def _host_checks(shape, layout, mode, host, per_host, settings):
 
 def _as_checks(checks):
     return [{"rule": rule, "status": STATUS[passed], "detail": detail} for rule, passed, detail in checks]
+
+
+def group_hosts(names, hostvars):
+    """The hosts of a group as plan_group takes them, from the inventory: each one's address (vllm_worker_address,
+    else ansible_host, else its name), GPU facts (vllm_gpus, read in this play), and where set its network interface
+    (vllm_network_interface) and InfiniBand HCAs (vllm_nccl_ib_hca)."""
+    unknown = [name for name in names if name not in hostvars]
+    if unknown:
+        raise PlanInputError(f"{', '.join(unknown)} not in the inventory")
+    hosts = []
+    for name in names:
+        found = hostvars[name]
+        host = {
+            "name": name,
+            "address": found.get("vllm_worker_address") or found.get("ansible_host") or name,
+            "gpus": found.get("vllm_gpus"),
+        }
+        optional = {"interface": found.get("vllm_network_interface"), "ib_hca": found.get("vllm_nccl_ib_hca")}
+        hosts.append({**host, **{key: value for key, value in optional.items() if value}})
+    return hosts
 
 
 def plan_group(entry, config, hosts, **options):
@@ -267,6 +295,7 @@ def plan_group(entry, config, hosts, **options):
     group_checks = model_checks(shape, layout, settings) + _as_checks(
         _group_checks(layout, group, mode, hosts, per_host)
     )
+    cpu_group = not any(host["gpu_list"] for host in hosts)
     head_name = group["head"] if group["head"] in [host["name"] for host in hosts] else None
     ordered = sorted(hosts, key=lambda host: host["name"] != head_name)
     # Without an address for each host, what the hosts would dial and announce is unknown.
@@ -274,7 +303,7 @@ def plan_group(entry, config, hosts, **options):
     head_address = ordered[0]["address"] if reachable else None
     planned = []
     for host, placement in zip(ordered, placements(entry["layout"], group, len(ordered)), strict=True):
-        checks, memory = _host_checks(shape, layout, mode, host, per_host, settings)
+        checks, memory = _host_checks(shape, layout, mode, host, per_host, settings, cpu_group)
         planned.append(
             {
                 "name": host["name"],

@@ -97,6 +97,8 @@ class Settings:
     orphan_grace: float = 5.0
     poll_interval: float = 1.0
     journal_lines: int = 40
+    # A multi-host group's data parallel ranks, each of which must answer before the group serves; 0: not a group.
+    group_ranks: int = 0
 
 
 def server_drain_timeout(state: UnitState) -> float:
@@ -149,7 +151,16 @@ class Lifecycle:
         listed = served_models(models.body)
         if models.status == 200 and name not in listed:
             raise WaitAborted(f"the server at {url} serves {listed}, not {name!r}: check served_name")
-        return models.status == 200, {"health": health.describe(), "models": listed or models.describe()}
+        seen = {"health": health.describe(), "models": listed or models.describe()}
+        if models.status != 200 or self.settings.group_ranks < 2:
+            return models.status == 200, seen
+        # The group's API server answers /health while an engine of another host is gone: each rank must compute.
+        ranks = [
+            one_token_completion(url, name, self.settings.api_key, COMPLETION_TIMEOUT, data_parallel_rank=rank)
+            for rank in range(self.settings.group_ranks)
+        ]
+        seen["ranks"] = [reply.describe() for reply in ranks]
+        return all(reply.status == 200 for reply in ranks), seen
 
     def wait_ready(self) -> dict:
         """Wait for readiness of a unit that is already running (started by someone else, still loading)."""

@@ -19,6 +19,8 @@ KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
 METRIC_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)")
 # Seconds a request waits for the server's answer unless its caller says otherwise.
 REQUEST_TIMEOUT = 5.0
+# The header by which vLLM's API server hands a request to one data parallel rank.
+DATA_PARALLEL_RANK_HEADER = "X-data-parallel-rank"
 # The server is reached directly, never through a proxy from the environment.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -48,11 +50,16 @@ def get(base_url: str, path: str, api_key: str | None = None, timeout: float = R
 
 
 def post(
-    base_url: str, path: str, api_key: str | None = None, timeout: float = REQUEST_TIMEOUT, body: dict | None = None
+    base_url: str,
+    path: str,
+    api_key: str | None = None,
+    timeout: float = REQUEST_TIMEOUT,
+    body: dict | None = None,
+    headers: dict | None = None,
 ) -> Reply:
     """POST `body` as JSON, or nothing, as vLLM's control endpoints take (/sleep?level=1, /wake_up)."""
     data = b"" if body is None else json.dumps(body).encode("utf-8")
-    request = urllib.request.Request(base_url + path, data=data, method="POST")
+    request = urllib.request.Request(base_url + path, data=data, method="POST", headers=headers or {})
     if body is not None:
         request.add_header("Content-Type", "application/json")
     return _send(request, api_key, timeout)
@@ -84,10 +91,16 @@ def is_sleeping(base_url: str, timeout: float = REQUEST_TIMEOUT) -> bool | None:
         return None
 
 
-def one_token_completion(base_url: str, served_name: str, api_key: str | None, timeout: float = 30.0) -> Reply:
-    """A real completion of one token: proof that the engine computes, not only that the HTTP server answers."""
+def one_token_completion(
+    base_url: str, served_name: str, api_key: str | None, timeout: float = 30.0, data_parallel_rank: int | None = None
+) -> Reply:
+    """A real completion of one token: proof that the engine computes, not only that the HTTP server answers.
+
+    With `data_parallel_rank`, the API server hands it to that data parallel rank's engine (vLLM's
+    X-data-parallel-rank header): /health answers for the API server, not for each engine behind it."""
     body = {"model": served_name, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
-    return post(base_url, "/v1/completions", api_key, timeout, body=body)
+    headers = {} if data_parallel_rank is None else {DATA_PARALLEL_RANK_HEADER: str(data_parallel_rank)}
+    return post(base_url, "/v1/completions", api_key, timeout, body=body, headers=headers)
 
 
 def served_models(body: str) -> list[str]:

@@ -49,7 +49,7 @@ def render_unit(**overrides):
     variables |= REQUIRED | overrides | {"ansible_managed": "Ansible managed"}
     variables = _trusted(variables)
     command = Templar(loader=DataLoader(), variables=variables).template(
-        trust_as_template("{{ __vllm_server_launcher + (__vllm_server_spec | llmops.vllm.vllm_serve_args) }}")
+        trust_as_template("{{ __vllm_server_command_line }}")
     )
     templar = Templar(loader=DataLoader(), variables=variables | {"__vllm_server_command": command})
     return templar.template(trust_as_template((ROLE / "templates" / "vllm.service.j2").read_text()))
@@ -204,3 +204,18 @@ def test_the_entries_of_a_release_share_vllms_answers_about_model_classes(tmp_pa
 def test_a_cache_root_that_the_catalog_entry_chooses_is_left_as_the_user_made_it():
     unit = render_unit(vllm_server_env={"VLLM_CACHE_ROOT": "/var/lib/vllm/my-cache"})
     assert directives(unit, "ExecStartPre") == []
+
+
+def test_a_headless_member_of_a_group_runs_vllm_serve_with_its_part_of_the_group():
+    worker = {
+        "role": "worker", "hosts": ["host-a", "host-b"], "head": {"name": "host-a", "address": "10.0.0.1"},
+        "serves_api": False, "environment": {"VLLM_HOST_IP": "10.0.0.2"},
+        "args": ["--data-parallel-size-local", "1", "--data-parallel-start-rank", "1", "--data-parallel-address",
+                 "10.0.0.1", "--data-parallel-rpc-port", "29550", "--headless"],
+    }  # fmt: skip
+    (exec_start,) = directives(render_unit(vllm_server_group_member=worker), "ExecStart")
+    argv = shlex.split(exec_start)
+    assert argv[1:4] == ["-m", "vllm.entrypoints.cli.main", "serve"]
+    assert argv[-9:] == worker["args"]
+    (one_host,) = directives(render_unit(), "ExecStart")
+    assert shlex.split(one_host)[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]

@@ -72,3 +72,21 @@ def test_the_refusals_of_the_swap_s_and_the_tune_s_books_become_filter_errors():
 def test_a_failed_loop_says_why_through_the_filter():
     loop = {"failed": True, "msg": "One or more items failed", "results": [{"failed": True, "msg": "tiny hung"}]}
     assert FILTERS["vllm_task_failure"](loop, "Stop the old instances") == "Stop the old instances: tiny hung"
+
+
+def test_group_hosts_read_each_host_s_address_gpus_and_network_from_the_inventory():
+    group_hosts = FilterModule().filters()["vllm_group_hosts"]
+    hostvars = {
+        "gpu-a": {"vllm_worker_address": "10.0.0.1", "ansible_host": "gpu-a.lan", "vllm_gpus": {"present": True},
+                  "vllm_network_interface": "ens1f0", "vllm_nccl_ib_hca": "mlx5_0,mlx5_1"},
+        "gpu-b": {"ansible_host": "10.0.0.2"},
+        "gpu-c": {},
+    }  # fmt: skip
+    assert group_hosts(["gpu-a", "gpu-b", "gpu-c"], hostvars) == [
+        {"name": "gpu-a", "address": "10.0.0.1", "gpus": {"present": True}, "interface": "ens1f0",
+         "ib_hca": "mlx5_0,mlx5_1"},
+        {"name": "gpu-b", "address": "10.0.0.2", "gpus": None},
+        {"name": "gpu-c", "address": "gpu-c", "gpus": None},
+    ]  # fmt: skip
+    with pytest.raises(AnsibleFilterError, match="gpu-d not in the inventory"):
+        group_hosts(["gpu-a", "gpu-d"], hostvars)

@@ -139,3 +139,46 @@ def test_a_mounted_mirror_is_read_as_files(run, tmp_path, config, entry):
     assert run(args)["checks"][0]["rule"] == "max_model_len"
     missing = run({**args, "hub_repo": "MiniMaxAI/Absent"}, fails=True)
     assert missing["msg"].startswith("Cannot read config.json of MiniMaxAI/Absent at main: cannot read config.json:")
+
+
+def group_entry(entry, **group):
+    return entry(
+        "tiny", layout={"data_parallel_size": 2}, group={"hosts": "pair", "data_parallel_size_local": 1, **group}
+    )
+
+
+CPU_HOSTS = [
+    {"name": "host-a", "address": "10.0.0.1", "gpus": {"present": False, "count": 0, "gpus": []}},
+    {"name": "host-b", "address": "10.0.0.2", "gpus": {"present": False, "count": 0, "gpus": []}},
+]
+
+
+def test_a_multi_host_entry_returns_this_host_s_part_of_the_group(run, entry):
+    result = run({"model": group_entry(entry), "group_hosts": CPU_HOSTS, "group_host": "host-b"})
+    assert result["ok"] and result["layout"]["data_parallel_size"] == 2
+    assert result["group"] == {
+        "mode": "data_parallel",
+        "hosts": ["host-a", "host-b"],
+        "head": {"name": "host-a", "address": "10.0.0.1"},
+        "role": "worker",
+        "node_rank": 1,
+        "data_parallel_ranks": [1],
+        "serves_api": False,
+        "environment": {"VLLM_HOST_IP": "10.0.0.2"},
+        "args": ["--data-parallel-size-local", "1", "--data-parallel-start-rank", "1",
+                 "--data-parallel-address", "10.0.0.1", "--data-parallel-rpc-port", "29550", "--headless"],
+    }  # fmt: skip
+    assert result["summary"].endswith("host-b is the worker, data parallel rank(s) 1")
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({}, "it is a multi-host entry: give group_hosts, the name, address and GPU facts of every host of pair"),
+        ({"group_hosts": CPU_HOSTS, "group_host": "host-c"}, "group_host 'host-c' is not one of the hosts of pair"),
+        ({"group_hosts": CPU_HOSTS, "group_host": "host-a", "layout": "auto"}, "planned on its own layout"),
+        ({"group_hosts": CPU_HOSTS[:1], "group_host": "host-a"}, "has one host (host-a): serve it with a one-host"),
+    ],
+)
+def test_a_multi_host_entry_without_its_group_is_refused(run, entry, changes, message):
+    assert message in run({"model": group_entry(entry), **changes}, fails=True)["msg"]

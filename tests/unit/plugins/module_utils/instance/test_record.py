@@ -11,6 +11,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils.instance.record import
     api_key,
     build_record,
     find,
+    group_url,
     local_url,
     read_record,
     record_path,
@@ -127,3 +128,29 @@ def test_an_outdated_record_is_found_but_not_acted_on(tmp_path):
         find(str(tmp_path), "old")
     with pytest.raises(RecordError, match="No instance record for new in"):
         find(str(tmp_path), "new")
+
+
+def group_member(role, serves_api):
+    return {"role": role, "hosts": ["host-a", "host-b"], "head": {"name": "host-a", "address": "10.0.0.1"},
+            "serves_api": serves_api, "data_parallel_size": 2}  # fmt: skip
+
+
+def test_a_headless_member_of_a_group_is_reached_at_the_head():
+    assert group_url("0.0.0.0", 8000, {}) == "http://127.0.0.1:8000"
+    assert group_url("0.0.0.0", 8000, group_member("head", True)) == "http://127.0.0.1:8000"
+    assert group_url("10.0.0.2", 8000, group_member("worker", False)) == "http://10.0.0.1:8000"
+    worker = build_record(fields(host="10.0.0.2", group=group_member("worker", False)))
+    assert worker["url"] == "http://10.0.0.1:8000" and worker["group"]["role"] == "worker"
+
+
+@pytest.mark.parametrize(
+    "group",
+    [
+        {"role": "leader"},
+        {**group_member("head", True), "hosts": ["host-a"]},
+        {**group_member("head", True), "head": {}},
+    ],
+)
+def test_a_group_that_is_not_a_member_s_part_is_refused(group):
+    with pytest.raises(RecordError, match=r"has group .*, not \{\} or a group member"):
+        build_record(fields(group=group))

@@ -83,3 +83,10 @@ def test_groups_one_target_each_with_the_labels_of_the_instance():
     local = target_groups(records, "gpu-01", "10.0.0.12", local=True)
     assert [group["targets"] for group in local] == [["127.0.0.1:8000"], ["127.0.0.2:8001"]]
     assert local[1]["labels"]["gpus"] == "all"
+
+
+def test_a_headless_member_of_a_group_is_no_target_its_head_is():
+    head = {**record("pair"), "group": {"role": "head", "serves_api": True}}
+    worker = {**record("pair", url="http://10.0.0.1:8000"), "group": {"role": "worker", "serves_api": False}}
+    assert [group["targets"] for group in target_groups([head], "host-a", "10.0.0.1", False)] == [["10.0.0.1:8000"]]
+    assert target_groups([worker], "host-b", "10.0.0.2", False) == []

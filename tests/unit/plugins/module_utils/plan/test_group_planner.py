@@ -52,6 +52,7 @@ def test_minimax_tp8_dp2_ep16_over_two_h100_hosts_puts_one_rank_on_each(group_pl
         "--data-parallel-size-local", "1",
         "--data-parallel-address", "10.0.0.1",
         "--data-parallel-rpc-port", "29550",
+        "--api-server-count", "1",
     ]  # fmt: skip
     assert worker["group_args"] == [
         "--data-parallel-size-local", "1",
@@ -86,6 +87,7 @@ def test_minimax_over_four_h200_hosts_with_an_api_server_on_each(group_plan, hos
             "--data-parallel-address", "10.0.0.1",
             "--data-parallel-rpc-port", "13345",
             "--data-parallel-hybrid-lb",
+            "--api-server-count", "1",
         ]
         for start in (0, 2, 4, 6)
     ]  # fmt: skip
@@ -112,6 +114,8 @@ def test_kimi_tp8_pp2_over_two_h100_hosts_keeps_tensor_parallel_within_each(grou
         "10.0.0.1",
         "--master-port",
         "29501",
+        "--api-server-count",
+        "1",
     ]
     assert worker["group_args"] == [
         "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port", "29501", "--headless"
@@ -294,14 +298,25 @@ def test_a_host_with_fewer_gpus_is_refused_for_them_and_for_its_ranks(group_plan
     assert "h200-2: 1 data parallel rank(s) of TP8 need 8 GPUs; this host has 4" in result["reason"]
 
 
-def test_a_host_without_gpus_is_refused(group_plan, hosts):
+def test_a_host_without_gpus_beside_hosts_with_them_is_refused(group_plan, hosts):
     pair = hosts("H200", 2)
     pair[1]["gpus"] = {"present": False, "count": 0, "gpus": []}
     result = group_plan("kimi_k25", {"tensor_parallel_size": 8, "pipeline_parallel_size": 2}, {}, pair)
     assert result["failed_rules"] == ["gpus"]
     assert result["reason"].endswith(
-        "h200-2: no GPUs in its facts (vllm_gpus.present false): each host serves from its GPUs"
+        "h200-2: no GPUs in its facts (vllm_gpus.present false), unlike other hosts of the group"
     )
+
+
+def test_a_group_of_cpu_hosts_is_planned_without_the_gpu_rules(group_plan, hosts):
+    """vLLM's CPU build serves data parallel ranks over hosts too: the GPU rules are skipped, as on one CPU host."""
+    pair = hosts("H200", 2)
+    for host in pair:
+        host["gpus"] = {"present": False, "count": 0, "gpus": []}
+    result = group_plan("minimax_m25", {"data_parallel_size": 2}, {"data_parallel_size_local": 1}, pair)
+    assert result["ok"] and result["failed_rules"] == []
+    assert [check["status"] for host in result["hosts"] for check in host["checks"]] == ["skipped", "skipped"]
+    assert result["hosts"][1]["group_args"][-1] == "--headless"
 
 
 def test_every_address_problem_is_named_and_nothing_is_dialled(group_plan, hosts):
@@ -364,7 +379,7 @@ def test_the_network_devices_of_a_host_go_to_its_environment(group_plan, hosts):
             {"data_parallel_size_local": 2, "load_balancing": "internal", "rpc_port": 29550},
             Placement(node_rank=0, data_parallel_ranks=(0, 1), headless=False),
             ["--data-parallel-size-local", "2", "--data-parallel-address", "192.168.8.1", "--data-parallel-rpc-port",
-             "29550"],
+             "29550", "--api-server-count", "1"],
         ),
         (
             {"data_parallel_size": 4},
@@ -378,7 +393,8 @@ def test_the_network_devices_of_a_host_go_to_its_environment(group_plan, hosts):
             {"data_parallel_size_local": 2, "load_balancing": "hybrid", "rpc_port": 29550},
             Placement(node_rank=0, data_parallel_ranks=(0, 1), headless=False),
             ["--data-parallel-size-local", "2", "--data-parallel-start-rank", "0", "--data-parallel-address",
-             "192.168.8.1", "--data-parallel-rpc-port", "29550", "--data-parallel-hybrid-lb"],
+             "192.168.8.1", "--data-parallel-rpc-port", "29550", "--data-parallel-hybrid-lb",
+             "--api-server-count", "1"],
         ),
         (
             {"tensor_parallel_size": 8, "pipeline_parallel_size": 4},

@@ -59,6 +59,19 @@ class _Server(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class _GroupServer(_Server):
+    """A group's API server whose data parallel rank 1 has no engine: the completions handed to it fail."""
+
+    ranks_asked = []
+
+    def do_POST(self):
+        rank = self.headers.get("X-data-parallel-rank")
+        self.ranks_asked.append(rank)
+        self.send_response(500 if rank == "1" else 200)
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+
 @pytest.fixture(scope="module")
 def server():
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Server)
@@ -142,3 +155,19 @@ def test_a_served_name_that_is_not_listed_ends_the_wait(server):
 )
 def test_server_drain_timeout(exec_start, seconds):
     assert server_drain_timeout(parse_show("u.service", f"ExecStart={exec_start}\n")) == seconds
+
+
+def test_a_group_serves_only_when_each_data_parallel_rank_computes_a_token():
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _GroupServer)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        ready, seen = lifecycle(ScriptedUnit(state("active")), url, group_ranks=2).readiness()
+        assert (ready, seen["ranks"]) == (False, ["HTTP 200", "HTTP 500"])
+        assert _GroupServer.ranks_asked == ["0", "1"]
+        assert lifecycle(ScriptedUnit(state("active")), url).readiness() == (
+            True,
+            {"health": "HTTP 200", "models": ["tiny"]},
+        )
+    finally:
+        httpd.shutdown()
