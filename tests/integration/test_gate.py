@@ -47,7 +47,7 @@ def test_the_same_server_on_both_hosts_never_regresses(fleet, tmp_path):
     first, second = fleet.hosts
     result = gate_from_controller(
         tmp_path, reference=side(second, second.endpoint), candidate=side(first, f"http://{first.address}:8000"),
-        max_rounds=12, fail_on=[], **ROUND,
+        max_rounds=12, fail_on=[], request_timeout=120, **ROUND,
     )  # fmt: skip
     print(f"neutral gate: {result.get('sentence')}; {result.get('rounds')} rounds, {result.get('seconds')} s")
     assert not result.get("failed"), result
