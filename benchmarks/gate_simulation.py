@@ -267,7 +267,7 @@ def spread_rows(args) -> list:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--gates", type=int, default=4000, help="simulated gates per cell")
     parser.add_argument("--seed", type=int, default=38)
     parser.add_argument("--spread", type=float, nargs="+", help="paired log ratio spreads instead of the records")

@@ -772,9 +772,9 @@ def step_rollout(results: Results, host: GpuHost, args):
         results.add("rollout", "error", "no baseline: run the bench step first")
         return
     gate = {
-        "vllm_rollout_bench_baseline": str(baseline),
-        "vllm_swap_bench_concurrency": [8],
-        "vllm_swap_bench_max_regression_percent": args.gate_percent,
+        "vllm_rollout_gate_baseline": str(baseline),
+        "vllm_swap_gate_concurrency": 8,
+        "vllm_swap_gate_smallest_regression_percent": args.gate_percent,
     }
     run_step(results, host, "rollout", "gate_passes", "rollout.yml", {"model": "host_b"}, gate, unit=unit_of("host_b"))
     results.add("rollout", "after_pass_serves", serves(host, "host_b"))

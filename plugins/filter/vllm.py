@@ -52,6 +52,8 @@ from ansible_collections.llmops.vllm.plugins.module_utils.service.systemd import
 from ansible_collections.llmops.vllm.plugins.module_utils.swap.bookkeeping import (
     SwapError,
     budget_spent,
+    gate_offer,
+    gate_reference,
     new_instance,
     sleep_plan,
     swap_outcome,
@@ -116,6 +118,8 @@ class FilterModule:
             "vllm_swap_to_deploy": _as_filter_error(to_deploy),
             "vllm_task_failure": task_failure,
             "vllm_rollout_budget_spent": _as_filter_error(budget_spent),
+            "vllm_rollout_gate_reference": gate_reference,
+            "vllm_swap_gate_offer": gate_offer,
             "vllm_router_choose": _as_filter_error(chosen_workers),
             "vllm_router_command": _as_filter_error(router_command),
             "vllm_router_environment": _as_filter_error(environment_text),

@@ -254,9 +254,7 @@ ansible_facts:
       returned: unless in check mode
 """
 
-import json
 import math
-import os
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule
@@ -264,11 +262,12 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.llmops.vllm.plugins.module_utils.bench.error import BenchError
 from ansible_collections.llmops.vllm.plugins.module_utils.bench.load_generator import Target, run_level
 from ansible_collections.llmops.vllm.plugins.module_utils.bench.options import check_options
-from ansible_collections.llmops.vllm.plugins.module_utils.bench.prompts import fixed_prompts, random_token_prompts
-from ansible_collections.llmops.vllm.plugins.module_utils.bench.statistics import (
-    describe_regression,
-    level_metrics,
-    regressions,
+from ansible_collections.llmops.vllm.plugins.module_utils.bench.statistics import describe_regression, regressions
+from ansible_collections.llmops.vllm.plugins.module_utils.bench.workload import (
+    load_tokenizer,
+    measure_level,
+    prompts_for,
+    read_saved,
 )
 from ansible_collections.llmops.vllm.plugins.module_utils.instance.record import (
     DEFAULT_CONFIG_DIR,
@@ -277,35 +276,11 @@ from ansible_collections.llmops.vllm.plugins.module_utils.instance.record import
     find,
 )
 
-try:
-    import tokenizers
-except ImportError:
-    tokenizers = None
-
-
-def load_tokenizer(path):
-    """The tokenizer of `path` (a model directory or tokenizer.json), or None when it cannot be used here."""
-    if not path or tokenizers is None:
-        return None
-    file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
-    return tokenizers.Tokenizer.from_file(file) if os.path.isfile(file) else None
-
-
-def prompts_for(tokenizer, count, input_len, seed):
-    if tokenizer is None:
-        return [(prompt, 0) for prompt in fixed_prompts(count, input_len)]
-    return [(prompt, input_len) for prompt in random_token_prompts(tokenizer, count, input_len, seed)]
-
 
 def read_baseline(baseline, metrics):
     """The baseline's levels, each with a concurrency and every metric to compare; BenchError otherwise."""
-    if isinstance(baseline, str):
-        try:
-            with open(baseline, encoding="utf-8") as handle:
-                baseline = json.load(handle)
-        except (OSError, ValueError) as error:
-            raise BenchError(f"cannot read the baseline {baseline}: {error}") from error
-    if not isinstance(baseline, dict) or not isinstance(baseline.get("levels"), list) or not baseline["levels"]:
+    baseline = read_saved(baseline, "baseline")
+    if not isinstance(baseline.get("levels"), list) or not baseline["levels"]:
         raise BenchError("the baseline must be a saved result: a dict (or JSON file) with a list `levels`")
     for position, level in enumerate(baseline["levels"]):
         if not isinstance(level, dict) or not _is_number(level.get("max_concurrency")):
@@ -335,21 +310,16 @@ def run_sweep(params, target, tokenizer):
         count = params["num_requests"] or max(16, 4 * concurrency)
         # Each level its own prompts: a level must not find the previous one's in vLLM's prefix cache.
         prompts = prompts_for(tokenizer, count, params["input_len"], params["seed"] + index)
-        results, duration, cpu_seconds = run_level(
-            target, prompts, concurrency, params["request_timeout"], params["duration"]
-        )
-        metrics = level_metrics(results, duration, params["percentiles"], slos)
-        output_tokens = metrics["total_output_tokens"]
         levels.append(
-            {
-                "max_concurrency": concurrency,
-                "num_requests": len(results),
-                **metrics,
-                "client_cpu_seconds": cpu_seconds,
-                "client_cpu_seconds_per_1k_output_tokens": cpu_seconds / output_tokens * 1000
-                if output_tokens
-                else None,
-            }
+            measure_level(
+                target,
+                prompts,
+                concurrency,
+                params["request_timeout"],
+                params["duration"],
+                params["percentiles"],
+                slos,
+            )
         )
     return levels
 

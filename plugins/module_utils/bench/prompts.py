@@ -11,12 +11,12 @@ FIXED_PROMPT = (
 )
 
 
-def fixed_prompts(count: int, input_len: int) -> list:
-    """Prompts of about `input_len` words (about a token each), distinct from the first word on so that
-    prefix caching does not make them cheaper than real traffic."""
+def fixed_prompts(count: int, input_len: int, first: int = 0) -> list:
+    """Prompts of about `input_len` words (about a token each), numbered from `first`: distinct from the first
+    word on so that prefix caching does not make them cheaper than real traffic."""
     sentence = FIXED_PROMPT.split()
     words = (sentence * (input_len // len(sentence) + 1))[: max(input_len - 1, 0)]
-    return [" ".join([f"{index}:", *words]) for index in range(count)]
+    return [" ".join([f"{index}:", *words]) for index in range(first, first + count)]
 
 
 def added_special_tokens(tokenizer) -> int:

@@ -260,6 +260,107 @@ def versions(old_records, new_version) -> str:
     return " -> ".join(found) or "-"
 
 
+def gate_summary(registered: dict | None) -> dict | None:
+    """What the gate of the new instance answered (llmops.vllm.vllm_gate's registered result, failed or not):
+    the decision, its rounds and seconds, the measured spread, and each deciding metric's change with its
+    interval; None when no gate answered (none ran, or it failed before an answer)."""
+    registered = registered or {}
+    if not registered.get("decision"):
+        return None
+    metrics = registered.get("metrics") or []
+    deciding = [metric for metric in metrics if metric["decision"] == registered["decision"]] or metrics
+    shown = []
+    for metric in deciding:
+        interval = metric.get("interval_percent")
+        change = metric.get("change_percent")
+        shown.append(
+            {
+                "name": metric["name"],
+                "decision": metric["decision"],
+                "change_percent": None if change is None else round(change, 1),
+                "interval_percent": None if interval is None else [round(bound, 1) for bound in interval],
+            }
+        )
+    described = [
+        f"{metric['name']} {metric['change_percent']:+.1f}% [{metric['interval_percent'][0]:+.1f}%,"
+        f" {metric['interval_percent'][1]:+.1f}%]"
+        for metric in shown
+        if metric["interval_percent"] is not None
+    ]
+    answer = f"{registered['decision']} in {registered['rounds']} rounds" + (
+        f": {', '.join(described)}" if described else ""
+    )
+    return {
+        "decision": registered["decision"],
+        "mode": registered.get("mode"),
+        "rounds": registered["rounds"],
+        "seconds": round(seconds(registered.get("seconds", 0), "gate.seconds"), 1),
+        "spread": registered.get("spread"),
+        "metrics": shown,
+        "answer": answer,
+    }
+
+
+def gate_offer(old_records, host, address, config_dir, kind) -> dict:
+    """How a prepared host offers the instance it still serves as the gate's reference to hosts that switch over
+    before it: where the controller reaches it, where its records lie, its kind (the vLLM build and its GPUs' names)
+    and the instances it serves until its own switch-over."""
+    return {
+        "host": host,
+        "address": address,
+        "config_dir": config_dir,
+        "kind": kind,
+        "instances": [
+            {field: record[field] for field in ("instance", "model", "served_name", "vllm_version")}
+            for record in old_records
+        ],
+    }
+
+
+def _serves(offer: dict) -> list:
+    return sorted((item["model"], item["served_name"], item["vllm_version"]) for item in offer["instances"])
+
+
+def gate_reference(results, host, batch) -> dict:
+    """The gate's reference for `host` of this `batch`: an instance of a host of the same kind outside the batch,
+    prepared but not switched over, that serves what `host` served before (the same entry, name and release);
+    {} when none does (then a saved baseline may serve).
+
+    results: every host's vllm_swap_result; a prepared host's holds its `reference` offer (gate_offer). The hosts
+    of the batch take the peers in the play's order, each its own, so that no reference serves two gates at once.
+    """
+    by_host = {result.get("host"): result for result in results}
+    peers = [
+        result["reference"]
+        for result in results
+        if result.get("result") == "prepared" and result.get("reference") and result.get("host") not in batch
+    ]
+    taken = set()
+    for member in batch:
+        offer = (by_host.get(member) or {}).get("reference")
+        if not offer or len(offer["instances"]) != 1:
+            continue
+        match = next(
+            (
+                peer
+                for peer in peers
+                if peer["host"] not in taken and peer["kind"] == offer["kind"] and _serves(peer) == _serves(offer)
+            ),
+            None,
+        )
+        if match is None:
+            continue
+        taken.add(match["host"])
+        if member == host:
+            return {
+                "host": match["host"],
+                "address": match["address"],
+                "config_dir": match["config_dir"],
+                "instance": match["instances"][0]["instance"],
+            }
+    return {}
+
+
 def summary_line(result: dict) -> str:
     """One line for people: the result, where the downtime went, and the message."""
     rollback = f" + rollback {result['rollback']:g}" if result["rollback"] else ""
@@ -268,11 +369,12 @@ def summary_line(result: dict) -> str:
     requests = [f"{result[key]} {word}" for key, word in (("aborted_requests", "aborted"), ("refused_requests",
                 "refused after SIGTERM")) if result.get(key)]  # fmt: skip
     cut = f"; requests the {result['mode']} cut off: {', '.join(requests)}" if requests else ""
+    gate = f"; gate: {result['gate']['answer']} ({result['gate']['seconds']:g} s)" if result.get("gate") else ""
     return (
         f"{result['result']} in {result['seconds']:g} s ({result['old']} -> {result['new']}); down "
         f"{result['downtime']:g} s = {result['mode']} {result['stop']:g} + GPU memory wait {result['memory_wait']:g}"
         f" + load {result['load']:g}{rollback} + the collection's own {result['overhead']:g}. {result['msg']}{asleep}"
-        f"{cut}{prefetch}"
+        f"{cut}{gate}{prefetch}"
     )
 
 
@@ -284,8 +386,8 @@ def swap_result(outcome, host, model, steps, now) -> dict:
     (the new instance's record; empty when none was written), `running` (the records of the model's own instance
     when it serves already), `sleeping` (the old instances slept rather than stopped), `clock` (see timings), and
     the registered results `stopped` (the loop that stopped or slept the old instances), `memory`
-    (gpu_memory_wait), `started` (the new instance's start) and `prefetch` (weights_prefetch, whose message the
-    result keeps). now: the clock's reading now.
+    (gpu_memory_wait), `started` (the new instance's start), `prefetch` (weights_prefetch, whose message the
+    result keeps) and `gate` (vllm_gate, see gate_summary). now: the clock's reading now.
     """
     if outcome.get("result") not in RESULTS:
         raise SwapError(f"result must be one of {list(RESULTS)}, got {outcome.get('result')!r}")
@@ -303,9 +405,11 @@ def swap_result(outcome, host, model, steps, now) -> dict:
         "mode": "sleep" if steps.get("sleeping") else "stop",
         "asleep": list(outcome.get("asleep") or []),
         "prefetch": (steps.get("prefetch") or {}).get("msg", ""),
+        "gate": gate_summary(steps.get("gate")),
         **cut_off(steps.get("stopped")),
         **timings(steps.get("clock") or {}, now, steps.get("stopped"), steps.get("memory"), steps.get("started")),
     }
+    result["gate_answer"] = result["gate"]["answer"] if result["gate"] else None
     result["summary"] = summary_line(result)
     return result
 

@@ -5,6 +5,9 @@ from ansible_collections.llmops.vllm.plugins.module_utils.instance.host_instance
 from ansible_collections.llmops.vllm.plugins.module_utils.swap.bookkeeping import (
     SwapError,
     budget_spent,
+    gate_offer,
+    gate_reference,
+    gate_summary,
     meminfo_mib,
     new_instance,
     sleep_plan,
@@ -334,3 +337,64 @@ def test_the_result_counts_the_requests_that_the_stop_cut_off():
     )
     assert (quiet["aborted_requests"], quiet["refused_requests"]) == (0, 0)
     assert quiet["summary"].endswith("tiny serves")
+
+
+GATE = {
+    "decision": "regress", "mode": "paired", "rounds": 5, "seconds": 38.24, "spread": 0.061, "failed": True,
+    "metrics": [
+        {"name": "output_throughput", "decision": "regress", "change_percent": -41.83,
+         "interval_percent": [-47.04, -36.1]},
+        {"name": "median_ttft_ms", "decision": "pass", "change_percent": 2.0, "interval_percent": [-3.0, 7.0]},
+    ],
+}  # fmt: skip
+
+
+def test_a_rolled_back_host_s_result_names_the_gate_s_decision_interval_and_rounds():
+    steps = {
+        "old": [record("tiny")],
+        "record": record("tiny2"),
+        "clock": {"prepare": 0, "prepared": 1, "switch": 1, "down": 1, "rollback": 80, "up": 110},
+        "stopped": stop_result(2),
+        "started": {"start": {"elapsed": 30.0}},
+        "gate": GATE,
+    }
+    outcome = swap_outcome("rolled back", "tiny2", old=steps["old"], failure="Gate: regress")
+    result = swap_result(outcome, "h1", "tiny2", steps, 111)
+    assert result["gate"] == {
+        "decision": "regress", "mode": "paired", "rounds": 5, "seconds": 38.2, "spread": 0.061,
+        "metrics": [{"name": "output_throughput", "decision": "regress", "change_percent": -41.8,
+                     "interval_percent": [-47.0, -36.1]}],
+        "answer": "regress in 5 rounds: output_throughput -41.8% [-47.0%, -36.1%]",
+    }  # fmt: skip
+    assert result["gate_answer"] == result["gate"]["answer"]
+    assert result["summary"].endswith(
+        "rolled back, tiny serves again; gate: regress in 5 rounds: output_throughput -41.8% [-47.0%, -36.1%] (38.2 s)"
+    )
+    assert swap_result(outcome, "h1", "tiny2", {**steps, "gate": {"skipped": True}}, 111)["gate"] is None
+    assert gate_summary({"failed": True, "msg": "round 2: 1 of 64 requests to the candidate failed"}) is None
+
+
+def offer(host, model="tiny", version="0.32.0", gpus=("NVIDIA H200",)):
+    return gate_offer([record(model, version=version) | {"served_name": model}], host, f"addr-{host}", "/etc/vllm",
+                      {"device": "cuda", "gpus": list(gpus)})  # fmt: skip
+
+
+def prepared(host, **kind):
+    return {"host": host, "result": "prepared", "reference": offer(host, **kind)}
+
+
+def test_each_host_of_a_batch_takes_its_own_reference_of_the_same_kind_and_release_outside_the_batch():
+    results = [
+        prepared("a"), prepared("b"), prepared("c", gpus=("NVIDIA H100",)), prepared("d", version="0.31.0"),
+        prepared("e"), prepared("f"),
+    ]  # fmt: skip
+    assert gate_reference(results, "a", ["a", "b"]) == {
+        "host": "e", "address": "addr-e", "config_dir": "/etc/vllm", "instance": "tiny",
+    }  # fmt: skip
+    assert gate_reference(results, "b", ["a", "b"])["host"] == "f"
+    # Another kind of GPU or another release is no reference; a switched host is none either.
+    assert gate_reference(results, "c", ["c"]) == {}
+    assert gate_reference(results, "d", ["d"]) == {}
+    switched = [{"host": "e", "result": "swapped"} if r["host"] == "e" else r for r in results]
+    assert gate_reference(switched, "f", ["f"])["host"] == "a"
+    assert gate_reference([prepared("a")], "a", ["a"]) == {}
