@@ -86,7 +86,7 @@ options:
     default: false
   group:
     description:
-      - For a member of a multi-host group, its part of the group as the record keeps it: C(role) (C(head) or
+      - For a member of a multi-host group, its part of the group as the record keeps it, with C(role) (C(head) or
         C(worker)), C(hosts), C(head) (C(name), C(address)), C(serves_api) and C(data_parallel_size). Empty for a
         one-host instance.
       - A member that serves no API (a headless worker) is reached, in its record's C(url), at the head.
