@@ -297,3 +297,55 @@ def test_the_module_defaults_group_holds_every_module():
     runtime = yaml.safe_load((ROOT / "meta" / "runtime.yml").read_text())
     modules = sorted(path.stem for path in (ROOT / "plugins" / "modules").glob("*.py") if not path.stem.startswith("_"))
     assert runtime["action_groups"]["vllm"] == modules
+
+
+CONDITIONS = ("when", "failed_when", "changed_when", "until", "that")
+JINJA = re.compile(r"\{\{(.*?)\}\}|\{%-?(.*?)-?%\}", re.S)
+
+
+def expressions(value, condition=False):
+    """The Jinja expressions inside a task file's value: a condition whole, else what {{ }} and {% %} enclose."""
+    if isinstance(value, str):
+        yield from (
+            [value] if condition else (body for match in JINJA.finditer(value) for body in match.groups() if body)
+        )
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from expressions(item, condition or key in CONDITIONS)
+    elif isinstance(value, list):
+        for item in value:
+            yield from expressions(item, condition)
+
+
+def bool_reads_without_the_filter(text, names):
+    return [name for name in names if re.search(rf"(?<!\w){name}\b(?!\s*\|\s*bool\b)", text)]
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_a_bool_setting_is_read_through_the_bool_filter(role):
+    """`-e vllm_rollout_gate=false` is the string 'false', and a role's argument spec checks it without converting
+    it: read plainly, it is true, and the rollout gated every host that its user had told it not to gate."""
+    names = {name for name, spec in all_options(role).items() if spec.get("type") == "bool"}
+    texts = [
+        text
+        for path in role_files(role, "tasks", "vars", "handlers")
+        for text in expressions(yaml.safe_load(path.read_text()))
+    ]
+    texts += [
+        body
+        for template in sorted((ROOT / "roles" / role / "templates").glob("*.j2"))
+        for match in JINJA.finditer(template.read_text())
+        for body in match.groups()
+        if body
+    ]
+    assert sorted({name for text in texts for name in bool_reads_without_the_filter(text, names)}) == []
+
+
+def test_a_plain_read_of_a_bool_setting_is_caught():
+    names = {"vllm_rollout_gate"}
+    assert bool_reads_without_the_filter("x if vllm_rollout_gate else {}", names) == ["vllm_rollout_gate"]
+    assert bool_reads_without_the_filter("x if vllm_rollout_gate | bool else {}", names) == []
+    assert list(expressions({"when": "vllm_rollout_gate", "msg": "set vllm_rollout_gate={{ a }}"})) == [
+        "vllm_rollout_gate",
+        " a ",
+    ]
