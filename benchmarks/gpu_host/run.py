@@ -16,12 +16,13 @@ gpu-host-logs.tgz go to OUT, so that a command cut off returns what it had and a
 Steps (in this order; --steps picks some, e.g. to split the run over two GPU commands):
   weights   real random safetensors of the catalog's host_a weights, written on the host (GPU catalog only)
   deploy    deploy.yml of host_a, then a second deploy.yml that must change nothing
-  bench     bench.yml at C = 1, 8, 32, 128 (its JSON is the rollout's baseline)
+  bench     bench.yml at C = 1, 8, 32, 128
   stop      stop.yml with 16 streams in flight, then deploy.yml again
   kill      SIGKILL of the engine core under 16 streams: systemd restarts the unit, status.yml says how it died
   share     two processes sharing a CUDA tensor under the unit's sandbox, with and without expandable segments
   swap      swap.yml to host_b by stop, back to host_a by sleep, then to host_broken, rolled back by wake-up
-  rollout   rollout.yml to host_b gated on the baseline (passes), then to host_slow (a regression, rolled back)
+  rollout   rollout.yml to host_b (neutral) and to host_slow (a regression), each gated against the old instance
+            measured first
   tune      tune.yml of host_a: a measured candidate, one the planner refuses, one that fails to start; then
             with host_b in its place, a tune of host_a refused before any change
   end       stop.yml of every instance; the units' state
@@ -82,8 +83,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils.service.unit import wi
 
 HOST_SH = ROOT / "scripts" / "gpu-host" / "host.sh"
 STREAM_CLIENTS = ROOT / "tests" / "integration" / "stream_clients.py"
-# The rollout before the tune: it needs the bench step's baseline, and the tune takes longest (a GPU command that
-# runs out of time loses the last steps).
+# The tune last of the host's life: it takes longest (a GPU command that runs out of time loses the last steps).
 STEPS = (
     "weights", "deploy", "bench", "stop", "kill", "share", "swap", "rollout", "tune", "end",
     "start_seed", "fleet_seed", "serve_seed", "prefetch", "start_a", "probe", "startup_a", "startup_seed",
@@ -766,23 +766,31 @@ def step_tune(results: Results, host: GpuHost, args):
 
 
 def step_rollout(results: Results, host: GpuHost, args):
-    baselines = sorted((ROOT / "bench-results" / "host-a").glob("*.json"))
-    baseline = next((path for path in baselines if path.stem not in ("fleet",)), None)
-    if baseline is None:
-        results.add("rollout", "error", "no baseline: run the bench step first")
-        return
+    """rollout.yml of the one host: no peer and no saved baseline, so each gate measures the old instance in rounds
+    first. To host_b (the same weights, another name: neutral), then to host_slow (a regression, rolled back)."""
     gate = {
-        "vllm_rollout_gate_baseline": str(baseline),
-        "vllm_swap_gate_concurrency": 8,
+        "vllm_swap_gate_num_requests": 32,
+        "vllm_swap_gate_output_len": 64,
+        "vllm_swap_gate_max_rounds": 30,
         "vllm_swap_gate_smallest_regression_percent": args.gate_percent,
     }
-    run_step(results, host, "rollout", "gate_passes", "rollout.yml", {"model": "host_b"}, gate, unit=unit_of("host_b"))
-    results.add("rollout", "after_pass_serves", serves(host, "host_b"))
-    regression = run_step(
-        results, host, "rollout", "regression_rolls_back", "rollout.yml", {"model": "host_slow"}, gate
-    )
-    results.add("rollout", "summary", debug_lines(regression["report"], "Show the rollout"))
-    results.add("rollout", "after_rollback_serves", serves(host, "host_b"))
+    for name, model in (("neutral", "host_b"), ("regression", "host_slow")):
+        outcome = run_step(results, host, "rollout", name, "rollout.yml", {"model": model}, gate, unit=unit_of(model))
+        results.add(
+            "rollout", f"{name}_gates", [gate_figures(result) for result in results_of(outcome["report"], "vllm_gate")]
+        )
+        results.add("rollout", f"{name}_summary", debug_lines(outcome["report"], "Show the rollout"))
+        results.add("rollout", f"after_{name}_serves", serves(host, "host_b"))
+
+
+def gate_figures(result: dict) -> dict:
+    """What a vllm_gate task answered: the old instance's rounds recorded, or the new one's decision."""
+    metrics = [
+        {key: metric.get(key) for key in ("name", "decision", "change_percent", "interval_percent", "rounds", "spread")}
+        for metric in result.get("metrics") or []
+    ]
+    figures = {key: result.get(key) for key in ("mode", "decision", "rounds", "seconds", "seconds_per_round", "spread")}
+    return {**figures, "metrics": metrics, "sentence": result.get("sentence") or result.get("msg")}
 
 
 def step_end(results: Results, host: GpuHost, args):
@@ -1235,7 +1243,9 @@ def main():
     parser.add_argument("--restart-timeout", type=float, default=300)
     # Enough to be streaming through a stop; within the catalog's max_model_len (the CPU catalog's tiny: 2048).
     parser.add_argument("--stream-tokens", type=int, default=3000, help="tokens each of the 16 streams asks for")
-    parser.add_argument("--gate-percent", type=float, default=25.0)
+    parser.add_argument(
+        "--gate-percent", type=float, default=10.0, help="the smallest regression that the rollout gate rolls back"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     steps = [step for step in args.steps.split(",") if step]

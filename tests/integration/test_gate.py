@@ -5,7 +5,8 @@ settings: it must never answer regress. On purpose: rollout.yml to tiny_narrow (
 sequences, which costs most of tiny's output tokens per second at the gate's concurrency), in batches of one; the
 first host's gate measures it against the second host's tiny, which has not switched over yet, answers regress and
 rolls the first host back, and the spent failure budget leaves the second host alone. The interval that the gate
-reports must bracket the cost measured beforehand (benchmarks/results/gate-local-hosts.md).
+reports must bracket the cost measured beforehand (benchmarks/results/gate-local-hosts.md). Alone: swap.yml to
+tiny_narrow on one host with no peer and no saved baseline, gated against tiny measured there just before.
 """
 
 import json
@@ -89,4 +90,37 @@ def test_a_regression_made_on_purpose_is_rolled_back_with_the_gate_s_interval(fl
     assert 5 <= int(row["rounds"]) <= 12
     # The failure names the gate's decision with its interval, and tiny serves again on the first host.
     assert "Gate the new instance against the reference on" in output and "rolled back, tiny serves again" in output
+    assert first.sh("systemctl is-active vllm-tiny.service", check=False).stdout.strip() == "active"
+
+
+@pytest.fixture
+def narrow_swap_alone(fleet):
+    first = fleet.hosts[0]
+    settings = {
+        "vllm_catalog_paths": [CATALOG],
+        "vllm_swap_gate_measure_old": True,
+        "vllm_swap_gate_max_rounds": 12,
+        **{f"vllm_swap_gate_{name}": value for name, value in ROUND.items() if name != "warmup_requests"},
+    }
+    proc = first.playbook("playbooks/swap.yml", "-e", "model=tiny_narrow", "-e", json.dumps(settings))
+    yield proc
+    remove_instances(first, "tiny_narrow")
+
+
+def test_a_swap_with_no_peer_is_gated_against_the_old_instance_measured_before_it(fleet, narrow_swap_alone):
+    first = fleet.hosts[0]
+    output = unfolded(narrow_swap_alone)
+    print(output[-3000:])
+    assert narrow_swap_alone.returncode == 2, output[-6000:]
+    assert "Measure in the gate's rounds, while it serves, the old instance tiny" in output, output[-6000:]
+    found = re.search(
+        r"gate: regress in (?P<rounds>\d+) rounds: output_throughput (?P<change>[-+][0-9.]+)%"
+        r" \[(?P<low>[-+][0-9.]+)%, (?P<high>[-+][0-9.]+)%\]",
+        output,
+    )
+    assert found, output[-6000:]
+    assert float(found["high"]) < 0 and 5 <= int(found["rounds"]) <= 12, found.groupdict()
+    # Unpaired and across two entries, both said; then the rollback, and tiny serves again.
+    assert "against a saved baseline, unpaired" in output and "'tiny' then, 'tiny_narrow' now" in output
+    assert "Gate the new instance against the rounds of tiny" in output and "rolled back, tiny serves again" in output
     assert first.sh("systemctl is-active vllm-tiny.service", check=False).stdout.strip() == "active"
