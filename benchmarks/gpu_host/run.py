@@ -21,8 +21,8 @@ Steps (in this order; --steps picks some, e.g. to split the run over two GPU com
   kill      SIGKILL of the engine core under 16 streams: systemd restarts the unit, status.yml says how it died
   share     two processes sharing a CUDA tensor under the unit's sandbox, with and without expandable segments
   swap      swap.yml to host_b by stop, back to host_a by sleep, then to host_broken, rolled back by wake-up
-  rollout   rollout.yml to host_b (neutral) and to host_slow (a regression), each gated against the old instance
-            measured first
+  rollout   rollout.yml to host_b (neutral), gated against the old instance measured first
+  rollout_regression  rollout.yml from host_b to host_slow (a regression), gated the same way: rolled back
   tune      tune.yml of host_a: a measured candidate, one the planner refuses, one that fails to start; then
             with host_b in its place, a tune of host_a refused before any change
   end       stop.yml of every instance; the units' state
@@ -85,7 +85,7 @@ HOST_SH = ROOT / "scripts" / "gpu-host" / "host.sh"
 STREAM_CLIENTS = ROOT / "tests" / "integration" / "stream_clients.py"
 # The tune last of the host's life: it takes longest (a GPU command that runs out of time loses the last steps).
 STEPS = (
-    "weights", "deploy", "bench", "stop", "kill", "share", "swap", "rollout", "tune", "end",
+    "weights", "deploy", "bench", "stop", "kill", "share", "swap", "rollout", "rollout_regression", "tune", "end",
     "start_seed", "fleet_seed", "serve_seed", "prefetch", "start_a", "probe", "startup_a", "startup_seed",
 )  # fmt: skip
 CONFIG_DIR = Path("/etc/vllm")
@@ -765,22 +765,32 @@ def step_tune(results: Results, host: GpuHost, args):
     return outcome
 
 
+ROLLOUT_GATE = {
+    "vllm_swap_gate_num_requests": 32,
+    "vllm_swap_gate_output_len": 64,
+    "vllm_swap_gate_max_rounds": 30,
+}
+
+
 def step_rollout(results: Results, host: GpuHost, args):
-    """rollout.yml of the one host: no peer and no saved baseline, so each gate measures the old instance in rounds
-    first. To host_b (the same weights, another name: neutral), then to host_slow (a regression, rolled back)."""
-    gate = {
-        "vllm_swap_gate_num_requests": 32,
-        "vllm_swap_gate_output_len": 64,
-        "vllm_swap_gate_max_rounds": 30,
-        "vllm_swap_gate_smallest_regression_percent": args.gate_percent,
-    }
-    for name, model in (("neutral", "host_b"), ("regression", "host_slow")):
-        outcome = run_step(results, host, "rollout", name, "rollout.yml", {"model": model}, gate, unit=unit_of(model))
-        results.add(
-            "rollout", f"{name}_gates", [gate_figures(result) for result in results_of(outcome["report"], "vllm_gate")]
-        )
-        results.add("rollout", f"{name}_summary", debug_lines(outcome["report"], "Show the rollout"))
-        results.add("rollout", f"after_{name}_serves", serves(host, "host_b"))
+    """rollout.yml of the one host to host_b (the same weights, another name: neutral). No peer and no saved
+    baseline, so the gate measures the old instance in rounds first."""
+    gated_rollout(results, host, args, "neutral", "host_b")
+
+
+def step_rollout_regression(results: Results, host: GpuHost, args):
+    """rollout.yml from host_b to host_slow (one sequence at a time: a regression), gated as step_rollout is."""
+    gated_rollout(results, host, args, "regression", "host_slow")
+
+
+def gated_rollout(results: Results, host: GpuHost, args, name: str, model: str):
+    gate = {**ROLLOUT_GATE, "vllm_swap_gate_smallest_regression_percent": args.gate_percent}
+    outcome = run_step(results, host, "rollout", name, "rollout.yml", {"model": model}, gate, unit=unit_of(model))
+    results.add(
+        "rollout", f"{name}_gates", [gate_figures(result) for result in results_of(outcome["report"], "vllm_gate")]
+    )
+    results.add("rollout", f"{name}_summary", debug_lines(outcome["report"], "Show the rollout"))
+    results.add("rollout", f"after_{name}_serves", serves(host, "host_b"))
 
 
 def gate_figures(result: dict) -> dict:
