@@ -5,7 +5,7 @@
 # its results in $OUT.
 #
 # usage: bash benchmarks/gpu_host/h200.sh CARRY up
-#        bash benchmarks/gpu_host/h200.sh CARRY STEPS        e.g. /tmp/gpucarry weights,deploy,bench,stop,kill
+#        bash benchmarks/gpu_host/h200.sh CARRY STEPS [RUNNER OPTIONS]    e.g. /tmp/gpucarry rollout --gate-rounds 30
 set -euo pipefail
 
 readonly CARRY=${1:?the directory of the carried files} STEPS=${2:?up, or the runner steps}
@@ -23,4 +23,4 @@ if ! compgen -G "$WHEELHOUSE/vllm-*-requirements.txt" >/dev/null; then
 fi
 exec env PYTHONUNBUFFERED=1 "$PYTHON" benchmarks/gpu_host/run.py --inventory inventories/gpu-host \
   --catalog benchmarks/gpu_host/catalog/h200 --out "${OUT:?}" --python "$PYTHON" --weights-from "$MODEL_CONFIG" \
-  --seed-from "$SEED_CONFIG" --steps "$STEPS"
+  --seed-from "$SEED_CONFIG" --steps "$STEPS" "${@:3}"

@@ -766,9 +766,9 @@ def step_tune(results: Results, host: GpuHost, args):
 
 
 ROLLOUT_GATE = {
+    "vllm_rollout_gate_measure_old": True,
     "vllm_swap_gate_num_requests": 32,
     "vllm_swap_gate_output_len": 64,
-    "vllm_swap_gate_max_rounds": 30,
 }
 
 
@@ -784,7 +784,11 @@ def step_rollout_regression(results: Results, host: GpuHost, args):
 
 
 def gated_rollout(results: Results, host: GpuHost, args, name: str, model: str):
-    gate = {**ROLLOUT_GATE, "vllm_swap_gate_smallest_regression_percent": args.gate_percent}
+    gate = {
+        **ROLLOUT_GATE,
+        "vllm_swap_gate_smallest_regression_percent": args.gate_percent,
+        "vllm_swap_gate_max_rounds": args.gate_rounds,
+    }
     outcome = run_step(results, host, "rollout", name, "rollout.yml", {"model": model}, gate, unit=unit_of(model))
     results.add(
         "rollout", f"{name}_gates", [gate_figures(result) for result in results_of(outcome["report"], "vllm_gate")]
@@ -1256,6 +1260,7 @@ def main():
     parser.add_argument(
         "--gate-percent", type=float, default=10.0, help="the smallest regression that the rollout gate rolls back"
     )
+    parser.add_argument("--gate-rounds", type=int, default=40, help="the rollout gate's rounds at most")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     steps = [step for step in args.steps.split(",") if step]
