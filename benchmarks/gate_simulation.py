@@ -15,7 +15,11 @@ server's own rounds; interleaving cancels most of it. The independent noise is S
 freedom (heavy tails: most rounds close, a few far out), scaled so that the paired log ratio's standard deviation is
 the recorded spread. The gate is the collection's own code, called as a module would call it.
 
+A fourth table weighs the gate against the old instance measured first (unpaired): one server's rounds on one AR(1)
+process, the baseline's window first, the candidate's after the switch (--unpaired, --gap-rounds).
+
 usage: python3 benchmarks/gate_simulation.py [--gates N] [--seed S] [--spread SD ...] [--seconds-per-round S]
+                                             [--unpaired SPREAD:CORRELATION ...] [--gap-rounds N]
 """
 
 from __future__ import annotations
@@ -156,6 +160,35 @@ class RoundModel:
             yield 1000 * math.exp(reference_log), 1000 * math.exp(candidate_log + candidate_shift)
 
 
+def unpaired_rounds(
+    rng: random.Random,
+    spread: float,
+    correlation: float,
+    baseline_rounds: int,
+    gap: int,
+    worsening_log: float,
+    direction: str,
+):
+    """Endless (baseline, candidate) rounds of one server's values around 1000, as a gate against the old instance
+    measured first sees them: the baseline's rounds, then `gap` rounds' time for the switch, then the candidate's,
+    all on one AR(1) process in log space of standard deviation `spread` and lag-one correlation `correlation`."""
+    candidate_shift = -worsening_log if direction == gate.HIGHER_IS_BETTER else worsening_log
+    innovation = spread * math.sqrt(1 - correlation**2)
+    level = rng.gauss(0.0, spread)
+
+    def step():
+        nonlocal level
+        value = level
+        level = correlation * level + rng.gauss(0.0, innovation)
+        return value
+
+    baseline = [step() for _round in range(baseline_rounds)]
+    for _round in range(gap):
+        step()
+    for reference_log in baseline:
+        yield 1000 * math.exp(reference_log), 1000 * math.exp(step() + candidate_shift)
+
+
 def worsening_log(percent: float, direction: str) -> float:
     """A true regression of `percent` as the gate reckons it: throughput times (1 - p), latency times (1 + p)."""
     return gate.regression_log_threshold(percent, direction) if percent else 0.0
@@ -169,8 +202,7 @@ def one_gate(model, settings, direction, percent, metrics, rng) -> tuple[str, in
     first regression or when all have passed), so the answer is the same and the simulation quicker.
     """
     sources = [
-        model.rounds(rng, worsening_log(percent, direction) if index == 0 else 0.0, direction)
-        for index in range(metrics)
+        model(rng, worsening_log(percent, direction) if index == 0 else 0.0, direction) for index in range(metrics)
     ]
     series = [
         {"name": f"metric {index}", "direction": direction, "reference": [], "candidate": []}
@@ -220,7 +252,7 @@ TABLE_HEAD = [
 
 def table_lines(row, settings, metrics, args, rng) -> list:
     """One line per true regression: how the gate decided over `args.gates` simulated gates."""
-    model = RoundModel(row["spread"], row["drift"], args.drift_correlation, args.tail_df)
+    model = RoundModel(row["spread"], row["drift"], args.drift_correlation, args.tail_df).rounds
     lines = []
     for percent in REGRESSIONS_PERCENT:
         cell = simulate_cell(model, settings, row["direction"], percent, metrics, args.gates, rng)
@@ -233,6 +265,38 @@ def table_lines(row, settings, metrics, args, rng) -> list:
             f" {minutes(cell['max_rounds'] * args.seconds_per_round)} |"
         )
     return lines
+
+
+UNPAIRED_HEAD = [
+    "| one server's round spread | lag-one correlation | max rounds | true regression | regress | pass | unknown |"
+    " mean rounds |",
+    "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+]
+
+
+def unpaired_lines(spread, correlation, settings, args, rng) -> list:
+    """One line per true regression: the gate against the old instance measured first, `args.gates` times."""
+
+    def model(model_rng, worsening, direction):
+        return unpaired_rounds(
+            model_rng, spread, correlation, settings.max_rounds, args.gap_rounds, worsening, direction
+        )
+
+    lines = []
+    for percent in REGRESSIONS_PERCENT:
+        cell = simulate_cell(model, settings, gate.HIGHER_IS_BETTER, percent, 1, args.gates, rng)
+        rates = cell["rates"]
+        lines.append(
+            f"| {spread:.3f} | {correlation:.2f} | {settings.max_rounds} | {percent}% |"
+            f" {100 * rates[gate.REGRESS]:.1f}% | {100 * rates[gate.PASS]:.1f}% | {100 * rates[gate.UNKNOWN]:.1f}% |"
+            f" {cell['mean_rounds']:.1f} |"
+        )
+    return lines
+
+
+def spread_and_correlation(text: str) -> tuple[float, float]:
+    spread, _, correlation = text.partition(":")
+    return float(spread), float(correlation or 0)
 
 
 def planned(row, settings, metrics) -> dict:
@@ -278,6 +342,17 @@ def main() -> None:
     parser.add_argument("--seconds-per-round", type=float, default=60.0, help="one round of both servers")
     parser.add_argument("--min-rounds", type=int, default=gate.GateSettings.min_rounds)
     parser.add_argument("--max-rounds", type=int, default=gate.GateSettings.max_rounds)
+    parser.add_argument(
+        "--unpaired",
+        type=spread_and_correlation,
+        nargs="*",
+        # One server's rounds on an H100 (benchmarks/results/gate-gpu-host-h100.md), and the same spreads uncorrelated.
+        default=[(0.167, 0.23), (0.208, 0.30), (0.123, 0.48), (0.167, 0.0), (0.123, 0.0)],
+        help="SPREAD:CORRELATION of one server's rounds, for the gate against the old instance measured first",
+    )
+    parser.add_argument(
+        "--gap-rounds", type=int, default=20, help="rounds' time between the baseline and the candidate"
+    )
     args = parser.parse_args()
     if args.tail_df <= 2:
         parser.error("--tail-df must be above 2: Student t has no variance to scale otherwise")
@@ -342,6 +417,17 @@ def main() -> None:
                 min_rounds=settings.min_rounds, max_rounds=planned(row, settings, 1)["most_rounds"]
             )
             print("\n".join(table_lines(row, enough, 1, args, rng)))
+    if args.unpaired:
+        print()
+        print(
+            f"4. Unpaired, one metric: the old instance's {settings.max_rounds} rounds measured first,"
+            f" {args.gap_rounds} rounds' time for the switch, then the candidate's, round N against round N; one"
+            " server's log values on an AR(1) process of the given spread and lag-one correlation:"
+        )
+        print()
+        print("\n".join(UNPAIRED_HEAD))
+        for spread, correlation in args.unpaired:
+            print("\n".join(unpaired_lines(spread, correlation, settings, args, rng)))
     print()
     print(f"Ran in {time.monotonic() - began:.0f} s.")
 
