@@ -15,11 +15,12 @@ server's own rounds; interleaving cancels most of it. The independent noise is S
 freedom (heavy tails: most rounds close, a few far out), scaled so that the paired log ratio's standard deviation is
 the recorded spread. The gate is the collection's own code, called as a module would call it.
 
-A fourth table weighs the gate against the old instance measured first (unpaired): one server's rounds on one AR(1)
-process, the baseline's window first, the candidate's after the switch (--unpaired, --gap-rounds).
+Two more tables weigh rounds whose speed runs in spells (--correlated): the gate against the old instance measured
+first (one server's rounds on one AR(1) process, the baseline's window, then the candidate's after the switch,
+--gap-rounds), and against a peer on another machine (each machine on its own AR(1) process, nothing common).
 
 usage: python3 benchmarks/gate_simulation.py [--gates N] [--seed S] [--spread SD ...] [--seconds-per-round S]
-                                             [--unpaired SPREAD:CORRELATION ...] [--gap-rounds N]
+                                             [--correlated SPREAD:CORRELATION ...] [--gap-rounds N]
 """
 
 from __future__ import annotations
@@ -189,6 +190,18 @@ def unpaired_rounds(
         yield 1000 * math.exp(reference_log), 1000 * math.exp(step() + candidate_shift)
 
 
+def peer_rounds(rng: random.Random, spread: float, correlation: float, worsening_log: float, direction: str):
+    """Endless (reference, candidate) rounds of two servers on two machines, measured in the same rounds, each
+    machine's log values on its own AR(1) process: no drift is common to both, so none cancels."""
+    candidate_shift = -worsening_log if direction == gate.HIGHER_IS_BETTER else worsening_log
+    innovation = spread * math.sqrt(1 - correlation**2)
+    reference, candidate = rng.gauss(0.0, spread), rng.gauss(0.0, spread)
+    while True:
+        yield 1000 * math.exp(reference), 1000 * math.exp(candidate + candidate_shift)
+        reference = correlation * reference + rng.gauss(0.0, innovation)
+        candidate = correlation * candidate + rng.gauss(0.0, innovation)
+
+
 def worsening_log(percent: float, direction: str) -> float:
     """A true regression of `percent` as the gate reckons it: throughput times (1 - p), latency times (1 + p)."""
     return gate.regression_log_threshold(percent, direction) if percent else 0.0
@@ -267,24 +280,18 @@ def table_lines(row, settings, metrics, args, rng) -> list:
     return lines
 
 
-UNPAIRED_HEAD = [
+CORRELATED_HEAD = [
     "| one server's round spread | lag-one correlation | max rounds | true regression | regress | pass | unknown |"
     " mean rounds |",
     "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
 ]
 
 
-def unpaired_lines(spread, correlation, settings, args, rng) -> list:
-    """One line per true regression: the gate against the old instance measured first, `args.gates` times."""
-
-    def model(model_rng, worsening, direction):
-        return unpaired_rounds(
-            model_rng, spread, correlation, settings.max_rounds, args.gap_rounds, worsening, direction
-        )
-
+def correlated_lines(rounds_of, spread, correlation, settings, args, rng) -> list:
+    """One line per true regression, `args.gates` gates each, on rounds from rounds_of(rng, worsening, direction)."""
     lines = []
     for percent in REGRESSIONS_PERCENT:
-        cell = simulate_cell(model, settings, gate.HIGHER_IS_BETTER, percent, 1, args.gates, rng)
+        cell = simulate_cell(rounds_of, settings, gate.HIGHER_IS_BETTER, percent, 1, args.gates, rng)
         rates = cell["rates"]
         lines.append(
             f"| {spread:.3f} | {correlation:.2f} | {settings.max_rounds} | {percent}% |"
@@ -343,12 +350,12 @@ def main() -> None:
     parser.add_argument("--min-rounds", type=int, default=gate.GateSettings.min_rounds)
     parser.add_argument("--max-rounds", type=int, default=gate.GateSettings.max_rounds)
     parser.add_argument(
-        "--unpaired",
+        "--correlated",
         type=spread_and_correlation,
         nargs="*",
         # One server's rounds on an H100 (benchmarks/results/gate-gpu-host-h100.md), and the same spreads uncorrelated.
         default=[(0.167, 0.23), (0.208, 0.30), (0.123, 0.48), (0.167, 0.0), (0.123, 0.0)],
-        help="SPREAD:CORRELATION of one server's rounds, for the gate against the old instance measured first",
+        help="SPREAD:CORRELATION of one server's rounds, for tables 4 (the old instance first) and 5 (a peer)",
     )
     parser.add_argument(
         "--gap-rounds", type=int, default=20, help="rounds' time between the baseline and the candidate"
@@ -417,7 +424,7 @@ def main() -> None:
                 min_rounds=settings.min_rounds, max_rounds=planned(row, settings, 1)["most_rounds"]
             )
             print("\n".join(table_lines(row, enough, 1, args, rng)))
-    if args.unpaired:
+    if args.correlated:
         print()
         print(
             f"4. Unpaired, one metric: the old instance's {settings.max_rounds} rounds measured first,"
@@ -425,9 +432,28 @@ def main() -> None:
             " server's log values on an AR(1) process of the given spread and lag-one correlation:"
         )
         print()
-        print("\n".join(UNPAIRED_HEAD))
-        for spread, correlation in args.unpaired:
-            print("\n".join(unpaired_lines(spread, correlation, settings, args, rng)))
+        print("\n".join(CORRELATED_HEAD))
+        for spread, correlation in args.correlated:
+
+            def unpaired(model_rng, worsening, direction, spread=spread, correlation=correlation):
+                return unpaired_rounds(
+                    model_rng, spread, correlation, settings.max_rounds, args.gap_rounds, worsening, direction
+                )
+
+            print("\n".join(correlated_lines(unpaired, spread, correlation, settings, args, rng)))
+        print()
+        print(
+            "5. A peer on another machine, one metric: both measured in the same rounds, each machine's log values on"
+            " its own AR(1) process of the given spread and lag-one correlation:"
+        )
+        print()
+        print("\n".join(CORRELATED_HEAD))
+        for spread, correlation in args.correlated:
+
+            def peer(model_rng, worsening, direction, spread=spread, correlation=correlation):
+                return peer_rounds(model_rng, spread, correlation, worsening, direction)
+
+            print("\n".join(correlated_lines(peer, spread, correlation, settings, args, rng)))
     print()
     print(f"Ran in {time.monotonic() - began:.0f} s.")
 
