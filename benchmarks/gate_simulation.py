@@ -302,7 +302,7 @@ def correlated_lines(rounds_of, spread, correlation, settings, args, rng) -> lis
 
 
 def spread_and_correlation(text: str) -> tuple[float, float]:
-    spread, _, correlation = text.partition(":")
+    spread, _colon, correlation = text.partition(":")
     return float(spread), float(correlation or 0)
 
 
