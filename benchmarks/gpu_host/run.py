@@ -794,7 +794,10 @@ def gated_rollout(results: Results, host: GpuHost, args, name: str, model: str):
         "rollout", f"{name}_gates", [gate_figures(result) for result in results_of(outcome["report"], "vllm_gate")]
     )
     results.add("rollout", f"{name}_summary", debug_lines(outcome["report"], "Show the rollout"))
-    results.add("rollout", f"after_{name}_serves", serves(host, "host_b"))
+    # Swapped, the new model serves; rolled back, the old one does.
+    results.add(
+        "rollout", f"after_{name}_serves", {model: serves(host, model) for model in ("host_a", "host_b", model)}
+    )
 
 
 def gate_figures(result: dict) -> dict:
