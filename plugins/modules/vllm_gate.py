@@ -16,7 +16,9 @@ description:
     It stops at the first answer, at O(max_rounds), or when the next round would end past O(time_budget_s).
   - The answer is C(pass) (no regression of O(smallest_regression_percent) or more in any metric), C(regress) (one
     at least), or C(unknown) (the rounds spread too much to tell within the rounds or time allowed). False alarms
-    happen at most O(false_alarm_rate) of the time over all the metrics, misses at most O(miss_rate) per metric.
+    happen at most O(false_alarm_rate) of the time over all the metrics, misses at most O(miss_rate) per metric,
+    where the rounds are independent of each other; rounds whose speed runs in spells of several rounds on each
+    machine raise both.
   - One round of each side gives one value per metric, so drift common to both sides within a round cancels in
     their ratio. Rounds of one server differ by up to a third, which is why a single benchmark against a saved
     result cannot gate a release.
