@@ -263,21 +263,25 @@ TABLE_HEAD = [
 ]
 
 
+def decided(model, settings, direction, metrics, args, rng):
+    """Per true regression: (percent, the gates' outcome, its regress, pass and unknown rates as table columns)."""
+    for percent in REGRESSIONS_PERCENT:
+        cell = simulate_cell(model, settings, direction, percent, metrics, args.gates, rng)
+        rates = cell["rates"]
+        columns = f"{100 * rates[gate.REGRESS]:.1f}% | {100 * rates[gate.PASS]:.1f}% | {100 * rates[gate.UNKNOWN]:.1f}%"
+        yield percent, cell, columns
+
+
 def table_lines(row, settings, metrics, args, rng) -> list:
     """One line per true regression: how the gate decided over `args.gates` simulated gates."""
     model = RoundModel(row["spread"], row["drift"], args.drift_correlation, args.tail_df).rounds
-    lines = []
-    for percent in REGRESSIONS_PERCENT:
-        cell = simulate_cell(model, settings, row["direction"], percent, metrics, args.gates, rng)
-        rates = cell["rates"]
-        lines.append(
-            f"| {row['source']} | {row['spread']:.3f} | {metrics} | {settings.max_rounds} | {percent}% |"
-            f" {100 * rates[gate.REGRESS]:.1f}% | {100 * rates[gate.PASS]:.1f}% | {100 * rates[gate.UNKNOWN]:.1f}% |"
-            f" {cell['mean_rounds']:.1f} | {cell['max_rounds']} |"
-            f" {minutes(cell['mean_rounds'] * args.seconds_per_round)} |"
-            f" {minutes(cell['max_rounds'] * args.seconds_per_round)} |"
-        )
-    return lines
+    return [
+        f"| {row['source']} | {row['spread']:.3f} | {metrics} | {settings.max_rounds} | {percent}% | {columns} |"
+        f" {cell['mean_rounds']:.1f} | {cell['max_rounds']} |"
+        f" {minutes(cell['mean_rounds'] * args.seconds_per_round)} |"
+        f" {minutes(cell['max_rounds'] * args.seconds_per_round)} |"
+        for percent, cell, columns in decided(model, settings, row["direction"], metrics, args, rng)
+    ]
 
 
 CORRELATED_HEAD = [
@@ -289,16 +293,11 @@ CORRELATED_HEAD = [
 
 def correlated_lines(rounds_of, spread, correlation, settings, args, rng) -> list:
     """One line per true regression, `args.gates` gates each, on rounds from rounds_of(rng, worsening, direction)."""
-    lines = []
-    for percent in REGRESSIONS_PERCENT:
-        cell = simulate_cell(rounds_of, settings, gate.HIGHER_IS_BETTER, percent, 1, args.gates, rng)
-        rates = cell["rates"]
-        lines.append(
-            f"| {spread:.3f} | {correlation:.2f} | {settings.max_rounds} | {percent}% |"
-            f" {100 * rates[gate.REGRESS]:.1f}% | {100 * rates[gate.PASS]:.1f}% | {100 * rates[gate.UNKNOWN]:.1f}% |"
-            f" {cell['mean_rounds']:.1f} |"
-        )
-    return lines
+    return [
+        f"| {spread:.3f} | {correlation:.2f} | {settings.max_rounds} | {percent}% | {columns} |"
+        f" {cell['mean_rounds']:.1f} |"
+        for percent, cell, columns in decided(rounds_of, settings, gate.HIGHER_IS_BETTER, 1, args, rng)
+    ]
 
 
 def spread_and_correlation(text: str) -> tuple[float, float]:

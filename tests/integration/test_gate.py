@@ -26,6 +26,12 @@ ROUND = {"concurrency": 8, "num_requests": 16, "output_len": 32, "warmup_request
 # What tiny_narrow costs against tiny at the gate's concurrency, as measured on these hosts with the gate itself
 # (benchmarks/results/gate-local-hosts.md).
 MEASURED_CHANGE_PERCENT = -59.5
+# The gate of a swap to tiny_narrow, in short rounds.
+NARROW_GATE = {
+    "vllm_catalog_paths": [CATALOG],
+    "vllm_swap_gate_max_rounds": 12,
+    **{f"vllm_swap_gate_{name}": value for name, value in ROUND.items() if name != "warmup_requests"},
+}
 
 
 def gate_from_controller(tmp_path, **args) -> dict:
@@ -60,12 +66,7 @@ def test_the_same_server_on_both_hosts_never_regresses(fleet, tmp_path):
 
 @pytest.fixture
 def narrow_rollout(fleet):
-    settings = {
-        "vllm_catalog_paths": [CATALOG],
-        "vllm_rollout_max_fail_percentage": 0,
-        "vllm_swap_gate_max_rounds": 12,
-        **{f"vllm_swap_gate_{name}": value for name, value in ROUND.items() if name != "warmup_requests"},
-    }
+    settings = {**NARROW_GATE, "vllm_rollout_max_fail_percentage": 0}
     proc = fleet.playbook("playbooks/rollout.yml", "-e", "model=tiny_narrow", "-e", json.dumps(settings))
     yield proc
     for host in fleet.hosts:
@@ -96,12 +97,7 @@ def test_a_regression_made_on_purpose_is_rolled_back_with_the_gate_s_interval(fl
 @pytest.fixture
 def narrow_swap_alone(fleet):
     first = fleet.hosts[0]
-    settings = {
-        "vllm_catalog_paths": [CATALOG],
-        "vllm_swap_gate_measure_old": True,
-        "vllm_swap_gate_max_rounds": 12,
-        **{f"vllm_swap_gate_{name}": value for name, value in ROUND.items() if name != "warmup_requests"},
-    }
+    settings = {**NARROW_GATE, "vllm_swap_gate_measure_old": True}
     proc = first.playbook("playbooks/swap.yml", "-e", "model=tiny_narrow", "-e", json.dumps(settings))
     yield proc
     remove_instances(first, "tiny_narrow")

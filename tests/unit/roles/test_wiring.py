@@ -332,11 +332,9 @@ def test_a_bool_setting_is_read_through_the_bool_filter(role):
         for text in expressions(yaml.safe_load(path.read_text()))
     ]
     texts += [
-        body
+        text
         for template in sorted((ROOT / "roles" / role / "templates").glob("*.j2"))
-        for match in JINJA.finditer(template.read_text())
-        for body in match.groups()
-        if body
+        for text in expressions(template.read_text())
     ]
     assert sorted({name for text in texts for name in bool_reads_without_the_filter(text, names)}) == []
 
