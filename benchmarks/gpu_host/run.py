@@ -86,7 +86,7 @@ STREAM_CLIENTS = ROOT / "tests" / "integration" / "stream_clients.py"
 # The tune last of the host's life: it takes longest (a GPU command that runs out of time loses the last steps).
 STEPS = (
     "weights", "deploy", "bench", "stop", "kill", "share", "swap", "rollout", "rollout_regression", "tune", "end",
-    "start_seed", "fleet_seed", "serve_seed", "prefetch", "start_a", "probe", "startup_a", "startup_seed",
+    "start_seed", "fleet_seed", "serve_seed", "seed_disk", "prefetch", "start_a", "probe", "startup_a", "startup_seed",
 )  # fmt: skip
 CONFIG_DIR = Path("/etc/vllm")
 UNIT_DIR = Path("/etc/systemd/system")
@@ -100,6 +100,8 @@ SEED_WITH_STORE = {
     "vllm_server_load_format": "dummy",
     "vllm_server_compile_cache_store": str(COMPILE_CACHE_STORE),
 }
+# The seed's shape with its weights on disk (catalog seed_disk): layers small enough for the machine's disk.
+SEED_DISK_LAYERS = 4
 # What a start that compiles or JIT-builds kernels writes in the journal (and one that loads them does not).
 COMPILE_LINES = re.compile(r"Compiling a graph for compile range|Directly load|torch\.compile took|DeepGEMM warmup")
 SECRETS_FILE = "secrets.json"
@@ -1153,6 +1155,39 @@ def step_serve_seed(results: Results, host: GpuHost, args):
     stop_under_streams(results, host, "serve_seed", "seed", args)
 
 
+def step_seed_disk(results: Results, host: GpuHost, args):
+    """The seed's shape with real FP8 weights on disk (SEED_DISK_LAYERS layers, written here once): a first start
+    from a cold page cache; swap.yml by stop to host_a; the weights out of the page cache again, and swap.yml back by
+    stop with the prefetch, which reads them while host_a serves."""
+    target = Path(args.seed_disk_to)
+    if args.seed_from:
+        command = [args.python, str(HERE / "make_seed_model.py"), args.seed_from, args.weights_from, str(target),
+                   "--layers", str(SEED_DISK_LAYERS), "--weights"]  # fmt: skip
+        started = time.monotonic()
+        completed = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+        seconds = round(time.monotonic() - started, 1)
+        results.add("seed_disk", "weights", {"rc": completed.returncode, "seconds": seconds,
+                                             "output": completed.stdout.strip()[-400:],
+                                             "stderr": completed.stderr.strip()[-400:]})  # fmt: skip
+        if completed.returncode:
+            raise RuntimeError("the seed's weights were not written")
+    unit = unit_of("seed_disk")
+    results.add("seed_disk", "evicted_before_cold", evict(target))
+    cold = run_step(results, host, "seed_disk", "deploy_cold", "deploy.yml", {"model": "seed_disk"}, unit=unit,
+                    timeout=900)  # fmt: skip
+    compare_plan(results, "seed_disk", cold, starts_of(unit_journal(host, cold["since"], unit)))
+    if cold["rc"]:
+        raise RuntimeError("the deploy of the seed's shape with weights on disk failed")
+    results.add("seed_disk", "serves", serves(host, "seed_disk"))
+    run_swap(results, host, "to_a", {"model": "host_a", "vllm_swap_prefetch": False}, unit=unit_of("host_a"),
+             step="seed_disk")  # fmt: skip
+    results.add("seed_disk", "evicted_before_prefetch", evict(target))
+    run_swap(results, host, "back_with_prefetch", {"model": "seed_disk", "vllm_swap_prefetch": True}, unit=unit,
+             step="seed_disk")  # fmt: skip
+    results.add("seed_disk", "serves_after_the_swap", serves(host, "seed_disk"))
+    run_step(results, host, "seed_disk", "stop_all", "stop.yml")
+
+
 def evict(path: Path) -> dict:
     """Drop the page cache of every file under `path` (posix_fadvise DONTNEED, as memory pressure would), and say
     how much of it stays resident (fincore), as before a swap on a host whose memory went to other work."""
@@ -1256,6 +1291,7 @@ def main():
     parser.add_argument("--weights-to", default="/var/lib/llmops-gpu-host/models/llama-1b")
     parser.add_argument("--seed-from", default="", help="MiniMax-M2.5's config.json, for the seed-shaped model")
     parser.add_argument("--seed-to", default="/var/lib/llmops-gpu-host/models/minimax-m25-16l")
+    parser.add_argument("--seed-disk-to", default="/var/lib/llmops-gpu-host/models/minimax-m25-4l")
     parser.add_argument("--no-sleep", dest="sleep", action="store_false", help="the build has no sleep mode (CPU)")
     parser.add_argument("--restart-timeout", type=float, default=300)
     # Enough to be streaming through a stop; within the catalog's max_model_len (the CPU catalog's tiny: 2048).

@@ -58,3 +58,35 @@ def test_the_directory_has_the_cut_config_and_the_borrowed_tokenizer_and_no_weig
     assert printed["checkpoint_bytes"] == seed.checkpoint_bytes(json.loads((target / "config.json").read_text()))
     again = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     assert "already holds this config" in again
+
+
+def test_the_checkpoint_is_laid_out_as_minimaxs_a_file_a_layer_every_projection_fp8_with_its_block_scales():
+    config = seed.cut_config(json.loads(CONFIG.read_text()), 2)
+    files = seed.checkpoint_files(config)
+    assert list(files) == [f"model-0000{index}-of-00003.safetensors" for index in (1, 2, 3)]
+    assert list(files["model-00003-of-00003.safetensors"]) == ["model.embed_tokens.weight", "model.norm.weight",
+                                                              "lm_head.weight"]  # fmt: skip
+    names = [name for tensors in files.values() for name in tensors]
+    assert len(names) == len(set(names))
+    layer = files["model-00002-of-00003.safetensors"]
+    assert {name.split(".")[2] for name in layer} == {"1"}
+    assert layer["model.layers.1.block_sparse_moe.experts.255.w2.weight"] == ((3072, 1536), "fp8")
+    assert layer["model.layers.1.block_sparse_moe.experts.255.w2.weight_scale_inv"] == ((24, 12), "fp32")
+    assert layer["model.layers.1.self_attn.q_proj.weight"] == ((48 * 128, 3072), "fp8")
+    fp8 = [name for name, (_shape, kind) in layer.items() if kind == "fp8"]
+    # q, k, v, o and each of the 256 experts' w1, w2, w3; each with its scales.
+    assert len(fp8) == 4 + 256 * 3
+    assert all(layer[f"{name}_scale_inv"][1] == "fp32" for name in fp8)
+
+
+def test_what_the_config_leaves_unconverted_is_not_fp8():
+    config = seed.cut_config(json.loads(CONFIG.read_text()), 1)
+    kept = config["quantization_config"]["modules_to_not_convert"]
+    found = {
+        module: kind
+        for tensors in seed.checkpoint_files(config).values()
+        for name, (_shape, kind) in tensors.items()
+        for module in kept
+        if module in name.split(".")
+    }
+    assert found == {"gate": "bf16", "e_score_correction_bias": "fp32", "lm_head": "bf16"}
