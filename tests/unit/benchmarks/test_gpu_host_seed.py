@@ -64,8 +64,8 @@ def test_the_checkpoint_is_laid_out_as_minimaxs_a_file_a_layer_every_projection_
     config = seed.cut_config(json.loads(CONFIG.read_text()), 2)
     files = seed.checkpoint_files(config)
     assert list(files) == [f"model-0000{index}-of-00003.safetensors" for index in (1, 2, 3)]
-    assert list(files["model-00003-of-00003.safetensors"]) == ["model.embed_tokens.weight", "model.norm.weight",
-                                                              "lm_head.weight"]  # fmt: skip
+    outside = ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
+    assert list(files["model-00003-of-00003.safetensors"]) == outside
     names = [name for tensors in files.values() for name in tensors]
     assert len(names) == len(set(names))
     layer = files["model-00002-of-00003.safetensors"]
