@@ -18,7 +18,10 @@ description:
     C(--port), vLLM's own variables (C(VLLM_*)) in the unit's environment less its address, port, key and cache
     directory, and the device (the model, driver and compute capability of the instance's GPUs from
     C(nvidia-smi), or the CPU's model and instruction set) - and says whether the directory holds a cache.
-  - O(state=archived) packs the cache into O(archive) with its key, for the controller to keep.
+  - O(state=archived) packs the cache into O(archive) with its key, for the controller to keep, and with vLLM's
+    answers about model classes that the entry's C(modelinfos) link leads to (the unit links it to one directory
+    of the release), as the entry's own, so that the host that unpacks it resolves the model's config without
+    importing the model's class first.
   - O(state=imported) unpacks O(archive) into the instance's empty cache directory, owned by the service's user,
     only when the key it carries is this host's own; an archive of another key is refused (RV(refused) says how
     it differs) and the host keeps compiling for itself. A host whose directory holds a cache keeps it.

@@ -102,6 +102,8 @@ def test_the_first_host_compiles_into_the_entry_s_directory_and_publishes_it(pub
     with tarfile.open(archive) as tar:
         names = tar.getnames()
     assert names[0] == "KEY.json" and f"cache/{saved.removeprefix(cache_root + '/')}" in names, names
+    # vLLM's answer about the model's class, which the entry's link to its release's directory leads to.
+    assert any(re.fullmatch(r"cache/modelinfos/\S+LlamaForCausalLM\.json", name) for name in names), names
 
 
 def test_an_identical_host_unpacks_it_where_vllm_reads_it(fleet, published, store):
@@ -118,6 +120,11 @@ def test_an_identical_host_unpacks_it_where_vllm_reads_it(fleet, published, stor
     # The store keeps the one archive of that key: the second host had nothing new to publish.
     assert archives(store) == [archive] and archive.read_bytes() == before
     assert len(cache_files(second)) > 1
+    # The answer about the model's class came with the archive, and the start read it: vLLM did not write it again.
+    answers = second.sh(f"find /var/lib/vllm/.cache/vllm -path '*/{INSTANCE}/modelinfos/*LlamaForCausalLM.json'"
+                        " -type f -printf '%T@\\n'").stdout.split()  # fmt: skip
+    started = second.sh(f"systemctl show --timestamp=unix -P ExecMainStartTimestamp {UNIT}").stdout.strip()
+    assert len(answers) == 1 and float(answers[0]) <= int(started.lstrip("@")) + 1, (answers, started)
 
 
 def test_another_entry_of_the_architecture_finds_vllms_answer_about_its_class(fleet, published):

@@ -8,6 +8,11 @@ directory filled does not compile again what it holds. The archive carries its k
 the vLLM release, the entry, the serve command less its address, the device (each GPU's model, driver and compute
 capability, or the CPU's model and instruction set), and vLLM's own variables in the unit's environment, by which
 vLLM keys its compile cache too. A host imports an archive only when its own key is the same.
+
+The archive also carries vLLM's answers about model classes (MODEL_INFO_DIRECTORY), which the unit links from the
+entry's directory to one directory of the release: a host that unpacks it resolves the model's config without
+importing its class first, as the host that packed it did after its first start. vLLM checks each answer against
+its class's source file, so an answer of another release is never used.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import stat
 import tarfile
 import tempfile
 
+from ansible_collections.llmops.vllm.plugins.module_utils.service.serve_command import MODEL_INFO_DIRECTORY
 from ansible_collections.llmops.vllm.plugins.module_utils.service.unit import without_flags
 
 KEY_MEMBER = "KEY.json"
@@ -126,7 +132,8 @@ def contents(path: str) -> tuple[int, int]:
 
 
 def write_archive(path: str, key: dict, archive: str) -> None:
-    """Write the cache at `path` and its key into `archive` (gzip'd tar), atomically."""
+    """Write the cache at `path` and its key into `archive` (gzip'd tar), atomically; the answers about model classes
+    that the entry's link to its release's directory leads to go in as the entry's own."""
     descriptor, scratch = tempfile.mkstemp(dir=os.path.dirname(archive), prefix=".llmops-", suffix=".tmp")
     try:
         with os.fdopen(descriptor, "wb") as scratch_file, tarfile.open(fileobj=scratch_file, mode="w:gz") as tar:
@@ -135,6 +142,10 @@ def write_archive(path: str, key: dict, archive: str) -> None:
             member.size = len(text)
             tar.addfile(member, io.BytesIO(text))
             tar.add(path, arcname=CACHE_MEMBER, filter=_plain_member)
+            answers = os.path.join(path, MODEL_INFO_DIRECTORY)
+            if os.path.islink(answers) and os.path.isdir(answers):
+                tar.add(os.path.realpath(answers), arcname=f"{CACHE_MEMBER}/{MODEL_INFO_DIRECTORY}",
+                        filter=_plain_member)  # fmt: skip
         os.chmod(scratch, 0o600)
         os.replace(scratch, archive)
     except BaseException:

@@ -261,8 +261,8 @@ def model_info_sharing(settings: dict) -> list[list[str]]:
     vLLM learns what a model's class supports by importing it in a Python process of its own, seconds at the first
     start of each entry, unless VLLM_CACHE_ROOT/modelinfos holds the answer already, kept per class with its source
     file's hash: an answer found for one entry holds for every entry of the same architecture on the release, so a
-    swap to a new entry of a model family does not pay it again. The link is not packed with the compile cache
-    (llmops.vllm.vllm_compile_cache takes regular files alone).
+    swap to a new entry of a model family does not pay it again. The compile cache's archive carries the answers
+    the link leads to as the entry's own directory, which this leaves in place (llmops.vllm.vllm_compile_cache).
 
     settings: environment (build_server_environment's), home, vllm_version, model. None where the environment puts
     VLLM_CACHE_ROOT elsewhere (a catalog entry's env): that directory is left as the user made it.

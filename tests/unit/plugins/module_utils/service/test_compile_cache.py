@@ -126,6 +126,28 @@ def test_a_directory_with_the_units_link_alone_holds_no_cache_and_is_filled(tmp_
     assert (release / "modelinfos" / "llama.json").read_text() == "{}"
 
 
+def test_the_answers_about_model_classes_that_the_units_link_leads_to_travel_as_the_entrys_own(tmp_path):
+    """The host that packs an entry has resolved its model's class once, into its release's directory; the host that
+    unpacks the archive finds the answer in the entry's cache and does not import the class first."""
+    release = tmp_path / "packer" / "0.26.0"
+    cache = release / "minimax_m25"
+    cache.mkdir(parents=True)
+    fill(cache)
+    (release / "modelinfos").mkdir()
+    answer = '{"module_hash": "abc", "model_info": {"architecture": "MiniMaxM2ForCausalLM"}}'
+    (release / "modelinfos" / "minimax_m2-MiniMaxM2ForCausalLM.json").write_text(answer)
+    (cache / "modelinfos").symlink_to("../modelinfos")
+    archive = tmp_path / "c.tar.gz"
+    write_archive(str(cache), cache_key(RECORD, ARGV, ENVIRONMENT, cpu_device("", "AVX2")), str(archive))
+    with tarfile.open(archive) as tar:
+        assert "cache/modelinfos/minimax_m2-MiniMaxM2ForCausalLM.json" in tar.getnames()
+    target = tmp_path / "importer" / "0.26.0" / "minimax_m25"
+    assert unpack(str(archive), str(target), (os.getuid(), os.getgid())) == 3
+    unpacked = target / "modelinfos" / "minimax_m2-MiniMaxM2ForCausalLM.json"
+    assert not (target / "modelinfos").is_symlink()
+    assert unpacked.read_text() == answer
+
+
 def evil_archive(path, name, kind=tarfile.REGTYPE):
     with tarfile.open(path, "w:gz") as tar:
         text = json.dumps({"format": 1}).encode()
