@@ -197,6 +197,13 @@ active_state:
   returned: always
   type: str
   sample: active
+unit_file_state:
+  description:
+    - The unit's UnitFileState at the end, as systemd says it (C(enabled), C(disabled), C(static), ...), so that a
+      play that enables the unit at boot can leave systemd alone where it already is.
+  returned: always
+  type: str
+  sample: enabled
 start:
   description: Durations of the start in seconds, null when there was none.
   returned: always
@@ -619,6 +626,7 @@ def main():
         module.fail_json(msg=str(error), **{**result, "elapsed": elapsed(started)})
 
     result["active_state"] = after.active_state
+    result["unit_file_state"] = after.unit_file_state
     result["elapsed"] = elapsed(started)
     result["msg"] = f"{name}: " + ("; ".join(messages) or f"{after.active_state}, nothing to do")
     result["diff"] = {"before": f"{name}: {before.active_state}\n", "after": f"{name}: {after.active_state}\n"}

@@ -458,6 +458,8 @@ def plan(settings: dict, host: dict) -> dict:
             "package": package,
             "version": version,
             "device": device,
+            # The venv was there when the host was read: its interpreter need not be looked for again.
+            "venv_found": state["exists"],
             # The install changes what the venv's servers run: they start again to run it.
             "updated": install_pending or bool(pack["pending"]),
         },

@@ -17,7 +17,8 @@ def test_every_default_is_declared_and_every_declared_input_has_a_default():
     assert set(SPECS["main"]["options"]) == set(DEFAULTS)
     # The preflight declares what the check reads: no fetch, no interpreter of the venv.
     assert set(SPECS["preflight"]["options"]) == set(DEFAULTS) - {
-        "vllm_weights_python", "vllm_weights_hub_client", "vllm_weights_progress_interval", "vllm_weights_fetch_timeout"
+        "vllm_weights_python", "vllm_weights_python_found", "vllm_weights_hub_client", "vllm_weights_progress_interval",
+        "vllm_weights_fetch_timeout",
     }  # fmt: skip
 
 

@@ -297,3 +297,17 @@ def test_a_stop_that_leaves_the_unit_inactive_resets_nothing(run_module, unit_in
     unit_in("running")
     result = run_module(vllm_service.main, {"name": "vllm-tiny.service", "state": "stopped"})
     assert result["reset_failed"] is None
+
+
+@pytest.mark.parametrize("shown, returned", [("UnitFileState=enabled\n", "enabled"), ("", "")])
+def test_the_result_says_what_systemd_says_of_the_unit_at_boot(run_module, monkeypatch, shown, returned):
+    """The server role leaves systemd_service out where the unit is already enabled as asked."""
+
+    def run_command(self, command, **_kwargs):
+        if command[:2] == ["systemctl", "show"]:
+            return 0, f"LoadState=loaded\nActiveState=inactive\nSubState=dead\nMainPID=0\n{shown}", ""
+        return 0, "", ""
+
+    monkeypatch.setattr(basic.AnsibleModule, "run_command", run_command)
+    result = run_module(vllm_service.main, {"name": "vllm-tiny.service", "state": "stopped"})
+    assert result["unit_file_state"] == returned

