@@ -6,9 +6,17 @@ import math
 import pytest
 from ansible.module_utils import basic
 
+from ansible_collections.llmops.vllm.plugins.module_utils.service import lifecycle
 from ansible_collections.llmops.vllm.plugins.modules import vllm_service
 
 OLD_KEY = "old-instance-key-7c1"
+
+
+@pytest.fixture(autouse=True)
+def no_process_of_this_machine(monkeypatch):
+    """A stop looks in /proc for orphans of its unit, and ends them: here it finds none, so that a test never ends
+    the processes of a server that runs on this machine under the same unit name (a local host's vllm-tiny)."""
+    monkeypatch.setattr(lifecycle, "list_processes", lambda proc: [])
 
 
 @pytest.fixture
