@@ -100,6 +100,8 @@ SEED_WITH_STORE = {
     "vllm_server_load_format": "dummy",
     "vllm_server_compile_cache_store": str(COMPILE_CACHE_STORE),
 }
+# The class that vLLM inspects at a first start of the seed-shaped model, unless the cache holds its answer.
+SEED_ARCHITECTURE = "MiniMaxM2ForCausalLM"
 # The seed's shape with its weights on disk (catalog seed_disk): layers small enough for the machine's disk.
 SEED_DISK_LAYERS = 4
 # What a start that compiles or JIT-builds kernels writes in the journal (and one that loads them does not).
@@ -1105,14 +1107,19 @@ def step_start_seed(results: Results, host: GpuHost, args):
 
 
 def step_fleet_seed(results: Results, host: GpuHost, args):
-    """This host as another host of the fleet that has never run the seed-shaped model: its compile cache gone (the
-    bytecode under the home stays, as on a host whose packages were installed with theirs), the archive that
-    start_seed published in the store; deploy.yml unpacks it before the unit starts."""
+    """This host as another host of the fleet that has never run the seed-shaped model: the seed's compile cache and
+    vLLM's answer about its class gone (what other entries left stays, and so does the bytecode under the home, as
+    on a host whose packages were installed with theirs), the archive that start_seed published in the store;
+    deploy.yml unpacks it before the unit starts."""
     if not stored_archives():
         raise RuntimeError("the compile cache store holds no archive: run start_seed first")
     unit = unit_of("seed")
     host.exec("systemctl", "stop", unit, timeout=180)
-    shutil.rmtree(SERVICE_HOME / ".cache" / "vllm", ignore_errors=True)
+    caches = SERVICE_HOME / ".cache" / "vllm"
+    for entry in caches.glob("*/seed"):
+        shutil.rmtree(entry)
+    for answer in caches.glob(f"*/modelinfos/*{SEED_ARCHITECTURE}*"):
+        answer.unlink()
     outcome = run_step(results, host, "fleet_seed", "deploy_with_store", "deploy.yml", SEED_WITH_STORE, unit=unit,
                        timeout=900)  # fmt: skip
     unpacked = [result.get("msg") for result in results_of(outcome["report"], "vllm_compile_cache")]
