@@ -28,6 +28,16 @@ def test_one_role_of_deploy_yml_runs_alone_with_its_tag(deployed):
     assert "changed=0" in proc.stdout.split("PLAY RECAP")[1]
 
 
+def test_the_unit_is_enabled_at_boot_and_a_second_deploy_leaves_systemd_alone(deployed):
+    """The start reads the unit's state at boot: where systemd says enabled already, systemd_service does not run."""
+    assert deployed.sh("systemctl is-enabled vllm-tiny.service").stdout.strip() == "enabled"
+    proc = deployed.playbook("playbooks/deploy.yml", "-e", "model=tiny")
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    enabling = proc.stdout.split("Enable at boot vllm-tiny.service", 1)[1].split("TASK [", 1)[0]
+    assert f"skipping: [{deployed.name}]" in enabling, enabling
+    assert "changed=0" in proc.stdout.split("PLAY RECAP")[1]
+
+
 def test_the_server_holds_the_open_files_its_unit_asks_for(deployed):
     """LimitNOFILE= as the inventory sets it (what the container's systemd can grant), in the server's own limits."""
     asked = json.loads(deployed.inventory.read_text())["vllm_hosts"]["hosts"][deployed.name]["vllm_server_limit_nofile"]
