@@ -427,6 +427,7 @@ def test_one_host_behind_the_router_swapped_gives_clients_a_clear_retryable_answ
     first = routed.router_host
     with routed.load(retry_503=True) as load:
         load.wait_for_successes(6, timeout=120)
+        swap_began, swap_began_at = time.monotonic(), time.time()
         proc = routed.playbook("playbooks/swap.yml", "-e", "model=tiny", "--limit", first.name)
         load.wait_for_successes(6, timeout=120)
     assert proc.returncode == 0, f"swap.yml failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
@@ -435,7 +436,12 @@ def test_one_host_behind_the_router_swapped_gives_clients_a_clear_retryable_answ
     counts = load.counts()
     assert unavailable, counts
     assert set(counts["other_status"]) == {503} and all("No available workers" in r.body for r in unavailable)
-    assert (counts["truncated"], counts["no_answer"]) == (0, 0), counts
+    # Each unanswered request: when it began and ended, in seconds from the swap's start, and what the client met.
+    unanswered = [(round(r.started - swap_began, 3), round(r.ended - swap_began, 3), r.error) for r in load.failures()
+                  if r.status is None]  # fmt: skip
+    # On a failure, what the router itself said from the swap's start: its warnings and errors.
+    router_said = f"journalctl -u {UNIT} --since @{int(swap_began_at)} -o short-precise --no-pager | grep -E 'WARN|ERR'"
+    assert (counts["truncated"], counts["no_answer"]) == (0, 0), (counts, unanswered, first.sh(router_said).stdout)
     last_before = max(
         record.ended for record in requests if load.succeeded(record) and record.ended <= unavailable[0].started
     )
@@ -443,9 +449,11 @@ def test_one_host_behind_the_router_swapped_gives_clients_a_clear_retryable_answ
         record.ended for record in requests if load.succeeded(record) and record.started >= unavailable[-1].ended
     )
     waits = [record.ended - record.started for record in unavailable]
+    first_served = [record.ended - record.started for record in requests if record.started >= unavailable[-1].ended]
     print(
         f"one host swapped behind the router: no completion for {first_after - last_before:.1f} s; "
-        f"{len(unavailable)} answers 503 in {max(waits):.3f} s at most; client {counts}"
+        f"{len(unavailable)} answers 503 in {max(waits):.3f} s at most; the new instance's first three requests "
+        f"took {', '.join(f'{seconds:.2f}' for seconds in first_served[:3])} s; client {counts}"
     )
     assert max(waits) <= 60  # the router's queue timeout
 
