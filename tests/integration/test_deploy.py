@@ -28,14 +28,34 @@ def test_one_role_of_deploy_yml_runs_alone_with_its_tag(deployed):
     assert "changed=0" in proc.stdout.split("PLAY RECAP")[1]
 
 
-def test_the_unit_is_enabled_at_boot_and_a_second_deploy_leaves_systemd_alone(deployed):
-    """The start reads the unit's state at boot: where systemd says enabled already, systemd_service does not run."""
+def test_a_second_deploy_leaves_the_unit_s_boot_state_and_the_account_to_what_the_host_says(deployed):
+    """The start reads the unit's state at boot, the preflight the service's account: where the host has them as
+    asked, systemd_service, group, user and file do not run."""
     assert deployed.sh("systemctl is-enabled vllm-tiny.service").stdout.strip() == "enabled"
+    assert deployed.sh("id -un vllm && id -gn vllm && stat -c '%U %G %a' /var/lib/vllm").stdout.split() == [
+        "vllm", "vllm", "vllm", "vllm", "750"
+    ]  # fmt: skip
     proc = deployed.playbook("playbooks/deploy.yml", "-e", "model=tiny")
     assert proc.returncode == 0, proc.stdout[-4000:]
-    enabling = proc.stdout.split("Enable at boot vllm-tiny.service", 1)[1].split("TASK [", 1)[0]
-    assert f"skipping: [{deployed.name}]" in enabling, enabling
+    for task in ("Enable at boot vllm-tiny.service", "Create the service's group", "Create the service's user",
+                 "Create the service's home"):  # fmt: skip
+        output = proc.stdout.split(task, 1)[1].split("TASK [", 1)[0]
+        assert f"skipping: [{deployed.name}]" in output, (task, output)
     assert "changed=0" in proc.stdout.split("PLAY RECAP")[1]
+
+
+def test_an_account_changed_by_hand_is_put_back_by_the_next_deploy(deployed):
+    """A user or home that differs from what the role asks makes the account's tasks run, and only they change."""
+    deployed.sh("usermod -s /bin/sh vllm && chmod 0755 /var/lib/vllm")
+    proc = deployed.playbook("playbooks/deploy.yml", "-e", "model=tiny")
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    for task in ("Create the service's user", "Create the service's home"):
+        output = proc.stdout.split(task, 1)[1].split("TASK [", 1)[0]
+        assert f"changed: [{deployed.name}]" in output, (task, output)
+    assert "changed=2" in proc.stdout.split("PLAY RECAP")[1]
+    assert deployed.sh("getent passwd vllm | cut -d: -f7; stat -c %a /var/lib/vllm").stdout.split() == [
+        "/usr/sbin/nologin", "750"
+    ]  # fmt: skip
 
 
 def test_the_server_holds_the_open_files_its_unit_asks_for(deployed):

@@ -1,5 +1,9 @@
 """vllm_sandbox_info on this machine: real symbolic links and the real /proc/devices."""
 
+import grp
+import os
+import pwd
+
 import pytest
 
 from ansible_collections.llmops.vllm.plugins.modules import vllm_sandbox_info
@@ -30,3 +34,31 @@ def test_proc_devices_is_read_when_asked_for(run):
 
 def test_a_relative_path_is_refused(run):
     assert run({"paths": ["opt/vllm"]}, fails=True)["msg"] == "paths must be absolute, got ['opt/vllm']"
+
+
+def test_the_account_is_read_in_the_terms_the_role_asks_for_it(run, tmp_path):
+    me = pwd.getpwuid(os.getuid())
+    my_group = grp.getgrgid(me.pw_gid).gr_name
+    home = tmp_path / "home"
+    home.mkdir(mode=0o750)
+    home.chmod(0o750)
+    result = run({"account": {"user": me.pw_name, "group": my_group, "home": str(home)}, "_ansible_check_mode": True})
+    user = {"name": me.pw_name, "group": my_group, "home": me.pw_dir, "shell": me.pw_shell, "comment": me.pw_gecos}
+    assert result["account"] == {
+        "group": my_group,
+        "user": user,
+        "home": {"owner": me.pw_name, "group": my_group, "mode": "0750"},
+    }
+
+
+def test_what_the_host_lacks_of_the_account_reads_as_null(run, tmp_path):
+    (tmp_path / "file").write_text("")
+    for home in (tmp_path / "missing", tmp_path / "file"):
+        account = {"user": "llmops-no-such-user", "group": "llmops-no-such-group", "home": str(home)}
+        assert run({"account": account})["account"] == {"group": None, "user": None, "home": None}
+    assert run({"paths": []})["account"] is None
+
+
+def test_a_relative_home_is_refused(run):
+    result = run({"account": {"user": "vllm", "group": "vllm", "home": "var/lib/vllm"}}, fails=True)
+    assert result["msg"] == "account.home must be absolute, got 'var/lib/vllm'"
