@@ -439,8 +439,8 @@ def test_one_host_behind_the_router_swapped_gives_clients_a_clear_retryable_answ
     # Each unanswered request: when it began and ended, in seconds from the swap's start, and what the client met.
     unanswered = [(round(r.started - swap_began, 3), round(r.ended - swap_began, 3), r.error) for r in load.failures()
                   if r.status is None]  # fmt: skip
-    # On a failure, what the router itself said from the swap's start: its warnings and errors.
-    router_said = f"journalctl -u {UNIT} --since @{int(swap_began_at)} -o short-precise --no-pager | grep -E 'WARN|ERR'"
+    # On a failure, what the router itself said from the swap's start: its warnings, errors and panics.
+    router_said = f"journalctl -u {UNIT} --since @{int(swap_began_at)} -o short-precise | grep -E 'WARN|ERR|panick'"
     assert (counts["truncated"], counts["no_answer"]) == (0, 0), (counts, unanswered, first.sh(router_said).stdout)
     last_before = max(
         record.ended for record in requests if load.succeeded(record) and record.ended <= unavailable[0].started
