@@ -32,7 +32,7 @@ options:
     type: list
     elements: path
     default: []
-    version_added: 0.9.0
+    version_added: 0.1.0
 """
 
 EXAMPLES = r"""

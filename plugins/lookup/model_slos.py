@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 name: model_slos
 short_description: The latency SLOs of every entry of the llmops.vllm catalog that sets one
-version_added: 0.4.0
+version_added: 0.1.0
 author: llmops.vllm contributors (@llmops-vllm)
 description:
   - Reads every entry of the catalog, the directories in O(paths) first and then the collection's own C(models/)

@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: python_wheel
 short_description: Build a pure-Python wheel from files given as text
-version_added: 0.9.0
+version_added: 0.1.0
 author: llmops.vllm contributors (@llmops-vllm)
 description:
   - Writes C(NAME-VERSION-py3-none-any.whl) into O(dest), a wheel that holds O(files) and a C(.dist-info) with

@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: vllm_bench
 short_description: Benchmark an OpenAI-compatible endpoint over concurrency levels, as vllm bench serve does
-version_added: 0.2.0
+version_added: 0.1.0
 author: llmops.vllm contributors (@llmops-vllm)
 description:
   - Streams a fixed workload at each concurrency level in turn (at most that many requests in flight, like

@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: vllm_bench_report
 short_description: Write the reports of llmops.vllm.vllm_bench results (JSON, CSV, Markdown, PNG)
-version_added: 0.2.0
+version_added: 0.1.0
 author: llmops.vllm contributors (@llmops-vllm)
 description:
   - Writes, into O(dest), per host C(HOST.json) (the saved result, which M(llmops.vllm.vllm_bench) reads back as

@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: vllm_compile_cache
 short_description: An instance's compile cache, packed for identical hosts or unpacked from theirs
-version_added: 0.6.0
+version_added: 0.1.0
 author: llmops.vllm contributors (@llmops-vllm)
 description:
   - vLLM compiles a model at its first start (torch.compile, Inductor and Triton kernels, DeepGEMM's JIT warm-up)

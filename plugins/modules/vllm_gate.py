@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: vllm_gate
 short_description: Tell whether a candidate vLLM server regressed against a reference, from interleaved rounds
-version_added: 0.6.0
+version_added: 0.1.0
 author: llmops.vllm contributors (@llmops-vllm)
 description:
   - Measures a O(reference) and a O(candidate) server in rounds with the same workload as

@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: vllm_import_check
 short_description: Check that vLLM and its native ops load in a venv, as vLLM loads them on this host
-version_added: 0.6.0
+version_added: 0.1.0
 author: llmops.vllm contributors (@llmops-vllm)
 description:
   - Runs the venv's interpreter once. It imports vLLM the way vLLM's engine does (C(vllm._custom_ops), which

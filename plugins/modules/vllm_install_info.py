@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: vllm_install_info
 short_description: Read in one task what installing vLLM on a host depends on, and plan the install
-version_added: 0.3.0
+version_added: 0.1.0
 author: llmops.vllm contributors (@llmops-vllm)
 description:
   - Reads the host's OS family (as Ansible's facts name it), whether the NVIDIA driver is loaded

@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: vllm_instance
 short_description: Write a vLLM instance's EnvironmentFile, unit and record, the one source of truth about it
-version_added: 0.3.0
+version_added: 0.1.0
 author: llmops.vllm contributors (@llmops-vllm)
 description:
   - Writes the three files of one instance, each only when it differs (content, mode, owner root) and each

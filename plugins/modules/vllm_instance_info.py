@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: vllm_instance_info
 short_description: List the vLLM instances of a host, each with its unit's state and its server's load
-version_added: 0.2.0
+version_added: 0.1.0
 author: llmops.vllm contributors (@llmops-vllm)
 description:
   - Reads the instance records that M(llmops.vllm.vllm_instance) writes (the C(vllm_server) role runs it), one

@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: vllm_router_info
 short_description: Describe the vLLM router of this host, its workers and their health
-version_added: 0.4.0
+version_added: 0.1.0
 author: llmops.vllm contributors (@llmops-vllm)
 description:
   - Reads the record of the router that the C(vllm_router) role runs on this host (O(config_dir)/router.json), its

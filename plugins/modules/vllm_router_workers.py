@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: vllm_router_workers
 short_description: Add workers to, or take them out of, the vLLM router of this host
-version_added: 0.4.0
+version_added: 0.1.0
 author: llmops.vllm contributors (@llmops-vllm)
 description:
   - Changes the workers of the router that the C(vllm_router) role runs on this host (vLLM's router, the PyPI

@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: vllm_sandbox_info
 short_description: Read what the vLLM unit's sandbox check needs of a host, in one call
-version_added: 0.6.0
+version_added: 0.1.0
 author: llmops.vllm contributors (@llmops-vllm)
 description:
   - Returns where each of O(paths) leads once its symbolic links are followed, and with O(proc_devices) the host's

@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: vllm_targets
 short_description: Say where Prometheus scrapes a host's vLLM instances, and let only those who may read /metrics
-version_added: 0.4.0
+version_added: 0.1.0
 author: llmops.vllm contributors (@llmops-vllm)
 description:
   - Reads the host's instance records (M(llmops.vllm.vllm_instance) writes them) and the state of their units, and

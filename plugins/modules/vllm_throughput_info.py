@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: vllm_throughput_info
 short_description: Measure the tokens per second of a host's vLLM instances from their /metrics, without Prometheus
-version_added: 0.4.0
+version_added: 0.1.0
 author: llmops.vllm contributors (@llmops-vllm)
 description:
   - Reads each instance's C(/metrics) at the URL of its record (M(llmops.vllm.vllm_instance) writes the records)

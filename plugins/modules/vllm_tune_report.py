@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: vllm_tune_report
 short_description: Choose a tune's winner and write its report (Markdown, SVG plot, JSON)
-version_added: 0.4.0
+version_added: 0.1.0
 author: llmops.vllm contributors (@llmops-vllm)
 description:
   - Chooses the winner of a tune of one host, the measured candidate with the highest output throughput under the

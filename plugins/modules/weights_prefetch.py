@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: weights_prefetch
 short_description: Read a model's weight files into the page cache, when they fit the host's free memory
-version_added: 0.6.0
+version_added: 0.1.0
 author: llmops.vllm contributors (@llmops-vllm)
 description:
   - Reads the weight files at or under O(path) once, so that the kernel keeps them in its page cache. Run during a
