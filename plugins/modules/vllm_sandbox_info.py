@@ -141,7 +141,7 @@ def read_account(user: str, group: str, home: str) -> dict:
         found_user = None
     try:
         status = os.stat(home)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # missing, or under a file: no home to compare
         status = None
     found_home = None
     if status is not None and stat.S_ISDIR(status.st_mode):

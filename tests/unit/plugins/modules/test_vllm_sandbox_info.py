@@ -53,7 +53,7 @@ def test_the_account_is_read_in_the_terms_the_role_asks_for_it(run, tmp_path):
 
 def test_what_the_host_lacks_of_the_account_reads_as_null(run, tmp_path):
     (tmp_path / "file").write_text("")
-    for home in (tmp_path / "missing", tmp_path / "file"):
+    for home in (tmp_path / "missing", tmp_path / "file", tmp_path / "file" / "home"):
         account = {"user": "llmops-no-such-user", "group": "llmops-no-such-group", "home": str(home)}
         assert run({"account": account})["account"] == {"group": None, "user": None, "home": None}
     assert run({"paths": []})["account"] is None
