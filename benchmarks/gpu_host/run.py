@@ -35,8 +35,9 @@ Steps (in this order; --steps picks some, e.g. to split the run over two GPU com
             the planner's memory figures beside vLLM's
   fleet_seed  this host as a second host of the fleet: the seed's compile cache removed, deploy.yml unpacks the
             store's archive before the unit starts
-  serve_seed  the seed-shaped model through deploy, bench (C = 1, 8, 32, 128), a swap by sleep to host_a and back,
-            a swap to host_broken rolled back by waking it, and a stop under 16 streams
+  serve_seed  the seed-shaped model through deploy, bench (C = 1, 8, 32, 128), a swap by sleep to host_a and back
+  fail_seed   the seed-shaped model deployed (with its compile cache), a swap to host_broken rolled back by waking
+            it, and a stop under 16 streams
   prefetch  swap.yml from host_a to host_b by stop with the weights out of the page cache, without the prefetch, and
             back with it
   startup_a   host_a deployed, a restart timed from outside with its journal line by line, what the engine process
@@ -86,7 +87,8 @@ STREAM_CLIENTS = ROOT / "tests" / "integration" / "stream_clients.py"
 # The tune last of the host's life: it takes longest (a GPU command that runs out of time loses the last steps).
 STEPS = (
     "weights", "deploy", "bench", "stop", "kill", "share", "swap", "rollout", "rollout_regression", "tune", "end",
-    "start_seed", "fleet_seed", "serve_seed", "seed_disk", "prefetch", "start_a", "probe", "startup_a", "startup_seed",
+    "start_seed", "fleet_seed", "serve_seed", "fail_seed", "seed_disk", "prefetch", "start_a", "probe", "startup_a",
+    "startup_seed",
 )  # fmt: skip
 CONFIG_DIR = Path("/etc/vllm")
 UNIT_DIR = Path("/etc/systemd/system")
@@ -1132,34 +1134,48 @@ def step_fleet_seed(results: Results, host: GpuHost, args):
     run_step(results, host, "fleet_seed", "stop_all", "stop.yml")
 
 
+def seed_swap_settings(args) -> tuple[dict, dict]:
+    """The compile cache store and the swap's mode of the seed's swaps. A sleeping instance keeps its port: each new
+    one takes a port of its own. An instance without sleep mode is stopped instead (each swap's account says which)."""
+    store = {key: value for key, value in SEED_WITH_STORE.items() if key != "model"}
+    mode = {"vllm_swap_mode": "sleep", "vllm_swap_sleep_fallback": True} if args.sleep else {}
+    return store, mode
+
+
 def step_serve_seed(results: Results, host: GpuHost, args):
     """The seed-shaped model through the playbooks that host_a's steps run: deploy.yml (with the compile cache that
-    start_seed left), bench.yml at C = 1, 8, 32, 128, swap.yml by sleep to host_a and back to the seed, then to
-    host_broken, rolled back by waking the seed, and stop.yml with 16 streams in flight. Every load of this step is
-    of random weights (vllm_server_load_format is the host's), host_a's too."""
+    start_seed left), bench.yml at C = 1, 8, 32, 128, swap.yml by sleep to host_a and back to the seed. Every load of
+    this step is of random weights (vllm_server_load_format is the host's), host_a's too."""
     unit = unit_of("seed")
     first = run_step(results, host, "serve_seed", "deploy", "deploy.yml", SEED_WITH_STORE, unit=unit, timeout=900)
     if first["rc"]:
         raise RuntimeError("the deploy of the seed-shaped model failed")
     bench_levels(results, host, "serve_seed", {"model": "seed"})
-    # A sleeping instance keeps its port: each new one takes a port of its own. An instance without sleep mode is
-    # stopped instead (each swap's account says which).
-    mode = {"vllm_swap_mode": "sleep", "vllm_swap_sleep_fallback": True} if args.sleep else {}
-    store = {key: value for key, value in SEED_WITH_STORE.items() if key != "model"}
+    store, mode = seed_swap_settings(args)
     run_swap(results, host, "to_a", {"model": "host_a", "vllm_swap_port": 8001}, store, mode, unit=unit_of("host_a"),
              step="serve_seed")  # fmt: skip
     results.add("serve_seed", "to_a_serves", serves(host, "host_a"))
     run_swap(results, host, "back_to_seed", {"model": "seed", "vllm_swap_port": 8002}, store, mode, unit=unit,
              step="serve_seed")  # fmt: skip
     results.add("serve_seed", "back_to_seed_serves", serves(host, "seed"))
+
+
+def step_fail_seed(results: Results, host: GpuHost, args):
+    """The seed-shaped model deployed (its compile cache in place: start_seed first), swap.yml to host_broken, rolled
+    back by waking the seed, then stop.yml with 16 streams in flight."""
+    unit = unit_of("seed")
+    deployed = run_step(results, host, "fail_seed", "deploy", "deploy.yml", SEED_WITH_STORE, unit=unit, timeout=900)
+    if deployed["rc"]:
+        raise RuntimeError("the deploy of the seed-shaped model failed")
+    store, mode = seed_swap_settings(args)
     broken = run_swap(results, host, "to_broken", {"model": "host_broken", "vllm_swap_port": 8003}, store, mode,
-                      step="serve_seed")  # fmt: skip
+                      step="fail_seed")  # fmt: skip
     results.add(
-        "serve_seed", "broken_result",
+        "fail_seed", "broken_result",
         [result.get("msg") for result in results_of(broken["report"], "vllm_service")][-3:],
     )  # fmt: skip
-    results.add("serve_seed", "seed_serves_after_the_rollback", serves(host, "seed"))
-    stop_under_streams(results, host, "serve_seed", "seed", args)
+    results.add("fail_seed", "seed_serves_after_the_rollback", serves(host, "seed"))
+    stop_under_streams(results, host, "fail_seed", "seed", args)
 
 
 def step_seed_disk(results: Results, host: GpuHost, args):
