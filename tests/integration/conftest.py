@@ -159,7 +159,8 @@ def remove_instances(host: LocalHost, *instances: str) -> None:
         assert not stopped.get("failed"), stopped
         host.sh(
             f"rm -rf {host.config_dir}/{instance}.json {host.config_dir}/{instance}.env "
-            f"/etc/systemd/system/vllm-{instance}.service /var/lib/vllm/models/{instance}"
+            f"/etc/systemd/system/vllm-{instance}.service /etc/systemd/system/llmops-vllm-guard-{instance}.service "
+            f"/var/lib/vllm/models/{instance}"
         )
     host.sh("systemctl daemon-reload")
 

@@ -1,9 +1,11 @@
 """One model over the two hosts of the fleet: vLLM's own multi-node data parallel serving, deployed by deploy.yml
 as one group (the catalog entry tiny_pair: a rank on each host, the first host's API server in front of both, the
-second host headless), then stopped by stop.yml."""
+second host headless), healed by its members' guards after a killed engine, a killed head and a hung worker, then
+stopped by stop.yml."""
 
 import json
 import re
+import time
 import urllib.request
 from pathlib import Path
 
@@ -15,11 +17,24 @@ CATALOG = str(Path(__file__).resolve().parent / "catalog")
 ENTRY = "tiny_pair"
 PORT = 8001
 DEPLOY = ("-e", json.dumps({"vllm_instances": [{"model": ENTRY, "port": PORT}], "vllm_catalog_paths": [CATALOG]}))
+GUARD_UNIT = f"llmops-vllm-guard-{ENTRY}.service"
+# The group's settings in the inventory: its guards check every 2 s, wait 5 s for an answer and restart after two
+# failed checks in a row; the head may start ten times within its window (its start limit is the group's), for the
+# deploy and the faults of these tests.
+GROUP_SETTINGS = {
+    "vllm_server_group_guard_interval": 2,
+    "vllm_server_group_guard_timeout": 5,
+    "vllm_server_group_guard_failures": 2,
+    "vllm_server_start_limit_burst": 10,
+}
+# A fault's bound, from the fault to every rank computing again: on this machine's 2 cores the head and the worker
+# each load in about 30 s, beside the first host's tiny.
+HEAL_TIMEOUT = 420
 
 
-def completion(url: str, key: str, rank: int) -> dict:
-    """One token from the data parallel rank `rank`, asked through the group's API server."""
-    body = json.dumps({"model": ENTRY, "prompt": "Hello", "max_tokens": 1, "temperature": 0}).encode()
+def completion(url: str, key: str, rank: int, timeout: float = 120, max_tokens: int = 1) -> dict:
+    """`max_tokens` from the data parallel rank `rank`, asked through the group's API server."""
+    body = json.dumps({"model": ENTRY, "prompt": "Hello", "max_tokens": max_tokens, "temperature": 0}).encode()
     request = urllib.request.Request(
         f"{url}/v1/completions",
         data=body,
@@ -29,19 +44,60 @@ def completion(url: str, key: str, rank: int) -> dict:
             "X-data-parallel-rank": str(rank),
         },
     )
-    with urllib.request.urlopen(request, timeout=120) as reply:
+    with urllib.request.urlopen(request, timeout=timeout) as reply:
         return json.loads(reply.read())
 
 
-def finished_by_engine(head) -> dict[str, float]:
-    """vLLM's count of finished requests of each data parallel engine, from the API server's /metrics, which
-    answers the host itself."""
+def every_rank_computes(url: str, key: str) -> bool:
+    try:
+        return all(completion(url, key, rank, timeout=5)["choices"] for rank in (0, 1))
+    except (OSError, ValueError):  # refused, reset, timed out, an HTTP error
+        return False
+
+
+def wait_for(condition, what: str, timeout: float = HEAL_TIMEOUT) -> float:
+    """Seconds until `condition()` holds, checked every second, at most `timeout`."""
+    started = time.monotonic()
+    while not condition():
+        if time.monotonic() - started > timeout:
+            pytest.fail(f"{what}: not after {timeout} s")
+        time.sleep(1)
+    return time.monotonic() - started
+
+
+def heal(fleet, fault, name: str) -> float:
+    """Run `fault()` on the serving group; wait until a rank fails, then until every rank computes again. Returns
+    the epoch of the fault; prints the seconds from the fault until the group served again."""
+    first, _second = fleet.hosts
+    url = f"http://{first.address}:{PORT}"
+    assert every_rank_computes(url, first.api_key)
+    at, started = time.time(), time.monotonic()
+    fault()
+    wait_for(lambda: not every_rank_computes(url, first.api_key), "the fault stopping a rank", timeout=60)
+    wait_for(lambda: every_rank_computes(url, first.api_key), "the group serving again")
+    seconds = time.monotonic() - started
+    print(f"{name}: every rank computes again {seconds:.1f} s after the fault")
+    return at
+
+
+def guard_log(host, since: float) -> str:
+    return host.sh(f"journalctl -u {GUARD_UNIT} --since @{int(since)} -o cat --no-pager").stdout
+
+
+def longer_than_one_token_by_engine(head) -> dict[str, float]:
+    """vLLM's count, for each data parallel engine, of the requests that asked for more than one token, from the API
+    server's /metrics, which answers the host itself. The head's guard asks each rank for one token every few
+    seconds: its checks are left out."""
     result = head.module("ansible.builtin.uri", url=f"http://127.0.0.1:{PORT}/metrics", return_content=True)
     assert not result.get("failed"), result
     text = result["content"]
     counts = {}
-    for engine, value in re.findall(r'^vllm:request_success_total\{[^}]*engine="(\d+)"[^}]*\} (\S+)$', text, re.M):
+    requests = r'^vllm:request_params_max_tokens_count\{[^}]*engine="(\d+)"[^}]*\} (\S+)$'
+    for engine, value in re.findall(requests, text, re.M):
         counts[engine] = counts.get(engine, 0.0) + float(value)
+    one_token = r'^vllm:request_params_max_tokens_bucket\{[^}]*engine="(\d+)"[^}]*le="1\.0"[^}]*\} (\S+)$'
+    for engine, value in re.findall(one_token, text, re.M):
+        counts[engine] -= float(value)
     return counts
 
 
@@ -55,9 +111,8 @@ def record(host, instance=ENTRY) -> dict:
 def pair(fleet, tmp_path_factory):
     """The group deployed over both hosts by one deploy.yml; removed from both afterwards."""
     first, second = fleet.hosts
-    inventory = fleet.inventory_with(
-        tmp_path_factory.mktemp("group") / "hosts.yml", groups={ENTRY: {"hosts": {first.name: {}, second.name: {}}}}
-    )
+    group = {ENTRY: {"hosts": {first.name: {}, second.name: {}}, "vars": GROUP_SETTINGS}}
+    inventory = fleet.inventory_with(tmp_path_factory.mktemp("group") / "hosts.yml", groups=group)
     deployed = fleet.playbook("playbooks/deploy.yml", *DEPLOY, inventory=inventory)
     yield inventory, deployed
     for host in fleet.hosts:
@@ -73,10 +128,11 @@ def test_one_deploy_makes_the_group_and_each_rank_computes(fleet, pair):
     assert head["group"]["role"] == "head" and worker["group"]["role"] == "worker"
     assert worker["group"]["serves_api"] is False and worker["url"] == f"http://{first.address}:{PORT}"
     url = f"http://{first.address}:{PORT}"
-    before = finished_by_engine(first)
+    before = longer_than_one_token_by_engine(first)
     for rank in (0, 1):
-        assert completion(url, first.api_key, rank)["choices"][0]["finish_reason"] in ("length", "stop")
-    after = finished_by_engine(first)
+        reply = completion(url, first.api_key, rank, max_tokens=2)
+        assert reply["choices"][0]["finish_reason"] in ("length", "stop")
+    after = longer_than_one_token_by_engine(first)
     # Each rank's engine finished the request handed to it: the one on the second host too.
     assert {engine: after[engine] - before.get(engine, 0.0) for engine in after} == {"0": 1.0, "1": 1.0}
 
@@ -97,10 +153,51 @@ def test_a_second_deploy_changes_nothing(fleet, pair):
     assert re.findall(r"changed=(\d+)", output) == ["0", "0"], output[-3000:]
 
 
-def test_stop_ends_the_group_on_both_hosts(fleet, pair):
+def test_each_member_runs_with_its_guard(fleet, pair):
+    for host in fleet.hosts:
+        assert host.sh(f"systemctl is-active {GUARD_UNIT}", check=False).stdout.strip() == "active", host.name
+    first, second = fleet.hosts
+    wait_for(lambda: "guarding the head" in guard_log(first, 0), "the head's guard starting", timeout=60)
+    wait_for(lambda: "guarding the worker" in guard_log(second, 0), "the worker's guard starting", timeout=60)
+
+
+MAIN_PID = f"$(systemctl show -p MainPID --value vllm-{ENTRY}.service)"
+# Each fault: the host it hits (0 the head, 1 the worker), the command, the host whose guard must have acted, and
+# what that guard's journal says.
+FAULTS = {
+    # The worker restarts alone and waits for a handshake that the head, unaware, never sends: the head's guard finds
+    # rank 1 silent and restarts the head, which the waiting worker joins.
+    "worker_engine_killed": (1, f"kill -KILL $(pgrep -P {MAIN_PID} -f VLLM::EngineCore)", 0, "rank 1 on {worker}"),
+    # systemd restarts the head; the worker, still joined to the dead head, is restarted by its guard.
+    "head_killed": (0, f"kill -KILL {MAIN_PID}", 1, "the head stopped answering"),
+    # Requests to rank 1 wait: the head's guard restarts the head, the worker's guard the worker, and systemd kills
+    # the stopped processes.
+    "worker_hung": (1, f"systemctl kill --kill-whom=all --signal=SIGSTOP vllm-{ENTRY}.service", 0,
+                    "rank 1 on {worker}: no answer"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_the_group_serves_again_after(fleet, pair, fault):
+    hit, command, acting, says = FAULTS[fault]
+    hosts = fleet.hosts
+
+    def run_the_fault():
+        hosts[hit].sh(command)
+
+    at = heal(fleet, run_the_fault, fault)
+    log = guard_log(hosts[acting], at)
+    assert says.format(worker=hosts[1].name) in log, log
+    assert hosts[1].sh("ps -eo stat= | grep -c '^T'", check=False).stdout.strip() == "0", "a stopped process is left"
+
+
+def test_stop_ends_the_group_on_both_hosts_and_no_guard_starts_it_again(fleet, pair):
     inventory, _deployed = pair
     stopped = fleet.playbook("playbooks/stop.yml", "-e", f"instance={ENTRY}", inventory=inventory)
     assert stopped.returncode == 0, unfolded(stopped)[-6000:]
     for host in fleet.hosts:
         state = host.sh(f"systemctl show -p ActiveState --value vllm-{ENTRY}.service").stdout.strip()
         assert state in ("inactive", "failed"), (host.name, state)
+        # The guard stopped with its member: nothing is left to start the member again.
+        guard = host.sh(f"systemctl show -p ActiveState --value {GUARD_UNIT}").stdout.strip()
+        assert guard in ("inactive", "failed"), (host.name, guard)

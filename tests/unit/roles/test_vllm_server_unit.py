@@ -43,7 +43,7 @@ def _trusted(value):
     return value
 
 
-def render_unit(**overrides):
+def render_unit(template="vllm.service.j2", **overrides):
     variables = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
     variables |= yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
     variables |= REQUIRED | overrides | {"ansible_managed": "Ansible managed"}
@@ -51,8 +51,10 @@ def render_unit(**overrides):
     command = Templar(loader=DataLoader(), variables=variables).template(
         trust_as_template("{{ __vllm_server_command_line }}")
     )
-    templar = Templar(loader=DataLoader(), variables=variables | {"__vllm_server_command": command})
-    return templar.template(trust_as_template((ROLE / "templates" / "vllm.service.j2").read_text()))
+    # What the role registers when it writes the instance's files: the record's path.
+    written = {"__vllm_server_command": command, "__vllm_server_files": {"path": "/etc/vllm/tiny.json"}}
+    templar = Templar(loader=DataLoader(), variables=variables | written)
+    return templar.template(trust_as_template((ROLE / "templates" / template).read_text()))
 
 
 def directives(unit, name):
@@ -206,16 +208,36 @@ def test_a_cache_root_that_the_catalog_entry_chooses_is_left_as_the_user_made_it
     assert directives(unit, "ExecStartPre") == []
 
 
+WORKER = {
+    "role": "worker", "hosts": ["host-a", "host-b"], "head": {"name": "host-a", "address": "10.0.0.1"},
+    "serves_api": False, "environment": {"VLLM_HOST_IP": "10.0.0.2"},
+    "args": ["--data-parallel-size-local", "1", "--data-parallel-start-rank", "1", "--data-parallel-address",
+             "10.0.0.1", "--data-parallel-rpc-port", "29550", "--headless"],
+}  # fmt: skip
+
+
 def test_a_headless_member_of_a_group_runs_vllm_serve_with_its_part_of_the_group():
-    worker = {
-        "role": "worker", "hosts": ["host-a", "host-b"], "head": {"name": "host-a", "address": "10.0.0.1"},
-        "serves_api": False, "environment": {"VLLM_HOST_IP": "10.0.0.2"},
-        "args": ["--data-parallel-size-local", "1", "--data-parallel-start-rank", "1", "--data-parallel-address",
-                 "10.0.0.1", "--data-parallel-rpc-port", "29550", "--headless"],
-    }  # fmt: skip
+    worker = WORKER
     (exec_start,) = directives(render_unit(vllm_server_group_member=worker), "ExecStart")
     argv = shlex.split(exec_start)
     assert argv[1:4] == ["-m", "vllm.entrypoints.cli.main", "serve"]
     assert argv[-9:] == worker["args"]
     (one_host,) = directives(render_unit(), "ExecStart")
     assert shlex.split(one_host)[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+
+
+def test_a_group_member_starts_its_guard_and_one_host_has_none():
+    assert directives(render_unit(vllm_server_group_member=WORKER), "Wants")[-1] == "llmops-vllm-guard-tiny.service"
+    assert "llmops-vllm-guard" not in render_unit()
+
+
+def test_the_guard_is_stopped_with_its_member_reads_the_record_and_has_no_key_on_its_command_line():
+    guard = render_unit("vllm-group-guard.service.j2", vllm_server_group_member=WORKER, vllm_server_api_key="sk-1")
+    assert directives(guard, "PartOf") == ["vllm-tiny.service"]
+    (exec_start,) = directives(guard, "ExecStart")
+    assert shlex.split(exec_start) == [
+        "/opt/vllm/venv/bin/python", "/opt/vllm/llmops_vllm_group_guard.py", "--record", "/etc/vllm/tiny.json",
+        "--interval", "10", "--timeout", "30", "--failures", "3",
+    ]  # fmt: skip
+    assert directives(guard, "EnvironmentFile") == ["/etc/vllm/tiny.env"] and "sk-1" not in guard
+    assert directives(guard, "CapabilityBoundingSet") == [""] and directives(guard, "ProtectSystem") == ["strict"]

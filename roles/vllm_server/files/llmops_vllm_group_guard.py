@@ -1,0 +1,197 @@
+# Copyright: llmops.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The guard of one member of a multi-host vLLM group, run by systemd beside the member's unit (llmops.vllm).
+
+vLLM does not heal a group: a headless worker whose head restarts neither exits nor reconnects, a dead or hung
+engine of another host leaves the head answering /health, and requests handed to that rank wait for ever. Each
+member's guard brings its own part back, and together they recreate the group:
+
+- the head's guard sends a one-token completion to every data parallel rank through the head's API server (vLLM's
+  X-data-parallel-rank header); when a rank fails `--failures` checks in a row after the group has served, it
+  names the rank and its host in the journal and restarts the head;
+- a worker's guard watches the head's /health; when a head that answered stops answering (it restarts, or hangs),
+  the worker restarts, so that it joins the head's next start.
+
+A worker that restarts by itself (its engine died: vLLM then exits) waits for the head's handshake; the head's guard
+sees the rank fail and restarts the head, which the waiting worker joins. The guard restarts its unit with
+`systemctl try-restart`, which never starts a unit that is stopped; its unit is PartOf= the member's, so a stop of
+the member stops the guard first. The head unit's start limit (StartLimitBurst=) bounds the group's restarts: a head
+that systemd refuses to start again is left failed, and the guards do nothing more. A worker's restarts follow its
+head's, so its guard clears the worker's start limit before each: the head's limit is the group's.
+
+usage: llmops_vllm_group_guard.py --record /etc/vllm/INSTANCE.json [--interval S] [--timeout S] [--failures N]
+The record (written by the collection) gives the member's unit, role, URL and group. The head's guard reads the
+instance's API key from the environment variable that the record names (the instance's EnvironmentFile), never
+from its command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+RANK_HEADER = "X-data-parallel-rank"
+# The guard reaches the member's API server directly, never through a proxy of the environment.
+OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class HeadWatch:
+    """The head's decision: restart when a rank has failed `failures` checks in a row since the group served.
+
+    A group that has not served since the head's unit started (it loads, or waits for its workers) is left to its
+    start: the head's own wait for its engines (VLLM_ENGINE_READY_TIMEOUT_S) and systemd bound it."""
+
+    def __init__(self, rank_hosts: list[str], failures: int):
+        self.rank_hosts = rank_hosts
+        self.failures = failures
+        self.invocation = None
+        self.served = False
+        self.failed = 0
+
+    def observe(self, active: bool, invocation: str, errors: dict[int, str | None]) -> str | None:
+        """The reason to restart the head, or None. `errors` maps each rank to its failure, None where it answered."""
+        if not active or invocation != self.invocation:
+            self.invocation, self.served, self.failed = invocation, False, 0
+            if not active:
+                return None
+        failing = {rank: error for rank, error in errors.items() if error is not None}
+        if not failing:
+            self.served, self.failed = True, 0
+            return None
+        if not self.served:
+            return None
+        self.failed += 1
+        if self.failed < self.failures:
+            return None
+        self.failed = 0
+        named = "; ".join(f"rank {rank} on {self.rank_hosts[rank]}: {error}" for rank, error in sorted(failing.items()))
+        return f"{len(failing)} of {len(errors)} data parallel rank(s) failed {self.failures} checks in a row ({named})"
+
+
+class WorkerWatch:
+    """A worker's decision: restart when a head that answered has failed `failures` checks in a row."""
+
+    def __init__(self, failures: int):
+        self.failures = failures
+        self.invocation = None
+        self.joined = False
+        self.missed = 0
+
+    def observe(self, active: bool, invocation: str, head_error: str | None) -> str | None:
+        """The reason to restart the worker, or None. `head_error` is None where the head's /health answered 200."""
+        if not active or invocation != self.invocation:
+            self.invocation, self.joined, self.missed = invocation, False, 0
+            if not active:
+                return None
+        if head_error is None:
+            self.joined, self.missed = True, 0
+            return None
+        if not self.joined:
+            return None
+        self.missed += 1
+        if self.missed < self.failures:
+            return None
+        self.joined, self.missed = False, 0
+        return f"the head stopped answering ({head_error}): this worker restarts to join the head's next start"
+
+
+def request(url: str, timeout: float, body: dict | None = None, headers: dict | None = None) -> str | None:
+    """None where the server answered 200, else what it answered or why it did not."""
+    data = None if body is None else json.dumps(body).encode()
+    outgoing = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with OPENER.open(outgoing, timeout=timeout) as reply:
+            reply.read()
+            return None
+    except urllib.error.HTTPError as error:
+        return f"HTTP {error.code}"
+    except (OSError, ValueError) as error:  # refused, reset, timed out
+        return f"no answer ({getattr(error, 'reason', None) or error})"
+
+
+def rank_errors(url: str, served_name: str, api_key: str, ranks: int, timeout: float) -> dict[int, str | None]:
+    body = {"model": served_name, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    return {
+        rank: request(f"{url}/v1/completions", timeout, body, {**headers, RANK_HEADER: str(rank)})
+        for rank in range(ranks)
+    }
+
+
+def unit_state(unit: str) -> tuple[bool, str]:
+    """Whether the unit is active, and its invocation (a new one at each start)."""
+    shown = subprocess.run(
+        ["systemctl", "show", "-p", "ActiveState", "-p", "InvocationID", unit],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    fields = dict(line.split("=", 1) for line in shown.stdout.splitlines() if "=" in line)
+    return fields.get("ActiveState") == "active", fields.get("InvocationID", "")
+
+
+def restart(unit: str, reason: str, count: bool) -> None:
+    """Restart `unit` if it runs. A restart that does not `count` clears the unit's start limit first: a worker
+    restarts because its head went, and the head's own start limit bounds those restarts."""
+    print(f"restarting {unit}: {reason}", flush=True)
+    if not count:
+        subprocess.run(["systemctl", "reset-failed", unit], timeout=30, check=False)
+    # --no-block: the guard is PartOf= the unit, and the restart ends the guard too.
+    subprocess.run(["systemctl", "try-restart", "--no-block", unit], timeout=30, check=False)
+
+
+def rank_hosts(group: dict) -> list[str]:
+    """Who runs each data parallel rank: the ranks are split evenly over the hosts, head first; one replica over
+    every host (tensor or pipeline parallel across them) is the whole group's."""
+    hosts, ranks = group["hosts"], int(group.get("data_parallel_size") or 1)
+    if ranks < len(hosts):
+        return [", ".join(hosts)] * ranks
+    return [host for host in hosts for _rank in range(ranks // len(hosts))]
+
+
+def arguments(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="The guard of one member of a multi-host vLLM group.")
+    parser.add_argument("--record", required=True, help="the member's instance record (its unit, URL and group)")
+    parser.add_argument("--interval", type=float, default=10.0, help="seconds between checks")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds a check waits for its answer")
+    parser.add_argument("--failures", type=int, default=3, help="failed checks in a row before a restart")
+    parsed = parser.parse_args(argv)
+    if min(parsed.interval, parsed.timeout) <= 0 or parsed.failures < 1:
+        parser.error("--interval and --timeout must be above 0, --failures at least 1")
+    return parsed
+
+
+def main(argv: list[str]) -> None:
+    options = arguments(argv)
+    with open(options.record, encoding="utf-8") as handle:
+        record = json.load(handle)
+    unit, url, group = record["unit"], record["url"].rstrip("/"), record["group"]
+    if group["role"] == "head":
+        hosts = rank_hosts(group)
+        watch = HeadWatch(hosts, options.failures)
+        api_key = os.environ.get(record["secrets"]["api_key_variable"], "")
+        print(
+            f"guarding the head {unit}: {len(hosts)} data parallel rank(s) on {', '.join(group['hosts'])}", flush=True
+        )
+    else:
+        watch = WorkerWatch(options.failures)
+        print(f"guarding the worker {unit}: its head at {url}", flush=True)
+    while True:
+        started = time.monotonic()
+        active, invocation = unit_state(unit)
+        if group["role"] == "head":
+            errors = rank_errors(url, record["served_name"], api_key, len(hosts), options.timeout) if active else {}
+            reason = watch.observe(active, invocation, errors)
+        else:
+            reason = watch.observe(active, invocation, request(f"{url}/health", options.timeout) if active else None)
+        if reason:
+            restart(unit, reason, count=group["role"] == "head")
+        time.sleep(max(0.0, options.interval - (time.monotonic() - started)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
