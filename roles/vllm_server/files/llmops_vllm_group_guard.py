@@ -41,63 +41,58 @@ RANK_HEADER = "X-data-parallel-rank"
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-class HeadWatch:
-    """The head's decision: restart when a rank has failed `failures` checks in a row since the group served.
-
-    A group that has not served since the head's unit started (it loads, or waits for its workers) is left to its
-    start: the head's own wait for its engines (VLLM_ENGINE_READY_TIMEOUT_S) and systemd bound it."""
-
-    def __init__(self, rank_hosts: list[str], failures: int):
-        self.rank_hosts = rank_hosts
-        self.failures = failures
-        self.invocation = None
-        self.served = False
-        self.failed = 0
-
-    def observe(self, active: bool, invocation: str, errors: dict[int, str | None]) -> str | None:
-        """The reason to restart the head, or None. `errors` maps each rank to its failure, None where it answered."""
-        if not active or invocation != self.invocation:
-            self.invocation, self.served, self.failed = invocation, False, 0
-            if not active:
-                return None
-        failing = {rank: error for rank, error in errors.items() if error is not None}
-        if not failing:
-            self.served, self.failed = True, 0
-            return None
-        if not self.served:
-            return None
-        self.failed += 1
-        if self.failed < self.failures:
-            return None
-        self.failed = 0
-        named = "; ".join(f"rank {rank} on {self.rank_hosts[rank]}: {error}" for rank, error in sorted(failing.items()))
-        return f"{len(failing)} of {len(errors)} data parallel rank(s) failed {self.failures} checks in a row ({named})"
-
-
-class WorkerWatch:
-    """A worker's decision: restart when a head that answered has failed `failures` checks in a row."""
+class Streak:
+    """Failed checks in a row of a member whose unit runs, counted once a check has passed since the unit started:
+    a member that loads, or a group that forms, is left to its start (the head's own wait for its engines,
+    VLLM_ENGINE_READY_TIMEOUT_S, and systemd bound it)."""
 
     def __init__(self, failures: int):
         self.failures = failures
         self.invocation = None
-        self.joined = False
-        self.missed = 0
+        self.passed = False
+        self.failed = 0
+
+    def ends(self, active: bool, invocation: str, failed: bool) -> bool:
+        """Whether this check makes `failures` in a row; the count then waits for a check that passes again."""
+        if not active or invocation != self.invocation:
+            self.invocation, self.passed, self.failed = invocation, False, 0
+            if not active:
+                return False
+        if not failed:
+            self.passed, self.failed = True, 0
+            return False
+        if not self.passed:
+            return False
+        self.failed += 1
+        if self.failed < self.failures:
+            return False
+        self.passed, self.failed = False, 0
+        return True
+
+
+class HeadWatch(Streak):
+    """The head's decision: restart when a rank has failed `failures` checks in a row since the group served."""
+
+    def __init__(self, rank_hosts: list[str], failures: int):
+        super().__init__(failures)
+        self.rank_hosts = rank_hosts
+
+    def observe(self, active: bool, invocation: str, errors: dict[int, str | None] | None) -> str | None:
+        """The reason to restart the head, or None. `errors` maps each rank to its failure, None where it answered."""
+        failing = {rank: error for rank, error in (errors or {}).items() if error is not None}
+        if not self.ends(active, invocation, bool(failing)):
+            return None
+        named = "; ".join(f"rank {rank} on {self.rank_hosts[rank]}: {error}" for rank, error in sorted(failing.items()))
+        return f"{len(failing)} of {len(errors)} data parallel rank(s) failed {self.failures} checks in a row ({named})"
+
+
+class WorkerWatch(Streak):
+    """A worker's decision: restart when a head that answered has failed `failures` checks in a row."""
 
     def observe(self, active: bool, invocation: str, head_error: str | None) -> str | None:
         """The reason to restart the worker, or None. `head_error` is None where the head's /health answered 200."""
-        if not active or invocation != self.invocation:
-            self.invocation, self.joined, self.missed = invocation, False, 0
-            if not active:
-                return None
-        if head_error is None:
-            self.joined, self.missed = True, 0
+        if not self.ends(active, invocation, head_error is not None):
             return None
-        if not self.joined:
-            return None
-        self.missed += 1
-        if self.missed < self.failures:
-            return None
-        self.joined, self.missed = False, 0
         return f"the head stopped answering ({head_error}): this worker restarts to join the head's next start"
 
 
@@ -170,26 +165,31 @@ def main(argv: list[str]) -> None:
     with open(options.record, encoding="utf-8") as handle:
         record = json.load(handle)
     unit, url, group = record["unit"], record["url"].rstrip("/"), record["group"]
-    if group["role"] == "head":
+    head = group["role"] == "head"
+    if head:
         hosts = rank_hosts(group)
         watch = HeadWatch(hosts, options.failures)
         api_key = os.environ.get(record["secrets"]["api_key_variable"], "")
+
+        def check():
+            return rank_errors(url, record["served_name"], api_key, len(hosts), options.timeout)
+
         print(
             f"guarding the head {unit}: {len(hosts)} data parallel rank(s) on {', '.join(group['hosts'])}", flush=True
         )
     else:
         watch = WorkerWatch(options.failures)
+
+        def check():
+            return request(f"{url}/health", options.timeout)
+
         print(f"guarding the worker {unit}: its head at {url}", flush=True)
     while True:
         started = time.monotonic()
         active, invocation = unit_state(unit)
-        if group["role"] == "head":
-            errors = rank_errors(url, record["served_name"], api_key, len(hosts), options.timeout) if active else {}
-            reason = watch.observe(active, invocation, errors)
-        else:
-            reason = watch.observe(active, invocation, request(f"{url}/health", options.timeout) if active else None)
+        reason = watch.observe(active, invocation, check() if active else None)
         if reason:
-            restart(unit, reason, count=group["role"] == "head")
+            restart(unit, reason, count=head)
         time.sleep(max(0.0, options.interval - (time.monotonic() - started)))
 
 
