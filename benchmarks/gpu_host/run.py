@@ -718,6 +718,11 @@ def run_swap(results: Results, host: GpuHost, name: str, *variables, unit=None, 
     return outcome
 
 
+def service_messages(outcome: dict) -> list:
+    """The last messages of vllm_service in a playbook's run: a failed swap's cause and its rollback."""
+    return [result.get("msg") for result in results_of(outcome["report"], "vllm_service")][-3:]
+
+
 def step_swap(results: Results, host: GpuHost, args):
     run_swap(results, host, "by_stop", {"model": "host_b"}, unit=unit_of("host_b"))
     results.add("swap", "by_stop_serves", serves(host, "host_b"))
@@ -732,9 +737,7 @@ def step_swap(results: Results, host: GpuHost, args):
         run_swap(results, host, "back_by_sleep", back, sleep, unit=unit_of("host_a"))
         broken = {"model": "host_broken", "vllm_swap_port": 8002}
         broken = run_swap(results, host, "broken_by_sleep", broken, sleep)
-    results.add(
-        "swap", "broken_result", [result.get("msg") for result in results_of(broken["report"], "vllm_service")][-3:]
-    )
+    results.add("swap", "broken_result", service_messages(broken))
     results.add("swap", "old_serves_with_its_key", serves(host, "host_a"))
 
 
@@ -1134,6 +1137,15 @@ def step_fleet_seed(results: Results, host: GpuHost, args):
     run_step(results, host, "fleet_seed", "stop_all", "stop.yml")
 
 
+def deploy_seed(results: Results, host: GpuHost, step: str) -> str:
+    """deploy.yml of the seed-shaped model with the compile cache store; its unit."""
+    unit = unit_of("seed")
+    deployed = run_step(results, host, step, "deploy", "deploy.yml", SEED_WITH_STORE, unit=unit, timeout=900)
+    if deployed["rc"]:
+        raise RuntimeError("the deploy of the seed-shaped model failed")
+    return unit
+
+
 def seed_swap_settings(args) -> tuple[dict, dict]:
     """The compile cache store and the swap's mode of the seed's swaps. A sleeping instance keeps its port: each new
     one takes a port of its own. An instance without sleep mode is stopped instead (each swap's account says which)."""
@@ -1146,10 +1158,7 @@ def step_serve_seed(results: Results, host: GpuHost, args):
     """The seed-shaped model through the playbooks that host_a's steps run: deploy.yml (with the compile cache that
     start_seed left), bench.yml at C = 1, 8, 32, 128, swap.yml by sleep to host_a and back to the seed. Every load of
     this step is of random weights (vllm_server_load_format is the host's), host_a's too."""
-    unit = unit_of("seed")
-    first = run_step(results, host, "serve_seed", "deploy", "deploy.yml", SEED_WITH_STORE, unit=unit, timeout=900)
-    if first["rc"]:
-        raise RuntimeError("the deploy of the seed-shaped model failed")
+    unit = deploy_seed(results, host, "serve_seed")
     bench_levels(results, host, "serve_seed", {"model": "seed"})
     store, mode = seed_swap_settings(args)
     run_swap(results, host, "to_a", {"model": "host_a", "vllm_swap_port": 8001}, store, mode, unit=unit_of("host_a"),
@@ -1163,17 +1172,11 @@ def step_serve_seed(results: Results, host: GpuHost, args):
 def step_fail_seed(results: Results, host: GpuHost, args):
     """The seed-shaped model deployed (its compile cache in place: start_seed first), swap.yml to host_broken, rolled
     back by waking the seed, then stop.yml with 16 streams in flight."""
-    unit = unit_of("seed")
-    deployed = run_step(results, host, "fail_seed", "deploy", "deploy.yml", SEED_WITH_STORE, unit=unit, timeout=900)
-    if deployed["rc"]:
-        raise RuntimeError("the deploy of the seed-shaped model failed")
+    deploy_seed(results, host, "fail_seed")
     store, mode = seed_swap_settings(args)
     broken = run_swap(results, host, "to_broken", {"model": "host_broken", "vllm_swap_port": 8003}, store, mode,
                       step="fail_seed")  # fmt: skip
-    results.add(
-        "fail_seed", "broken_result",
-        [result.get("msg") for result in results_of(broken["report"], "vllm_service")][-3:],
-    )  # fmt: skip
+    results.add("fail_seed", "broken_result", service_messages(broken))
     results.add("fail_seed", "seed_serves_after_the_rollback", serves(host, "seed"))
     stop_under_streams(results, host, "fail_seed", "seed", args)
 
