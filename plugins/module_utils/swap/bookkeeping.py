@@ -104,6 +104,14 @@ def sleep_plan(old_records, new_instance, device, meminfo, weights_found, budget
     refusals = []
     if device == "cpu":
         refusals.append("vLLM's CPU build has no sleep mode (vLLM has it on CUDA, ROCm and XPU)")
+    groups = [record["instance"] for record in old_records if record.get("group")] + (
+        [new_instance.get("name", "the new instance")] if new_instance.get("group") else []
+    )
+    if groups:
+        refusals.append(
+            f"{', '.join(groups)} {'is a' if len(groups) == 1 else 'are'} multi-host group"
+            f"{'' if len(groups) == 1 else 's'}, whose members stop and start together"
+        )
     for record in old_records:
         name = record["instance"]
         if not record.get("sleep_mode"):

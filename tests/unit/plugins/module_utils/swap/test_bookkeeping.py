@@ -279,6 +279,16 @@ def test_every_reason_against_a_sleep_is_named():
     ]
 
 
+def test_a_multi_host_group_is_refused_sleep_on_either_side_of_the_swap():
+    member = {"role": "head", "hosts": ["gpu-a", "gpu-b"]}
+    old = [{**sleeper("pair_old"), "group": member}, sleeper("kimi_k25", port=8002)]
+    new = {"name": "pair_new", "port": 8001, "group": member, "entry": {}}
+    plan = sleep_plan(old, new, "cuda", MEMINFO, found())
+    assert plan["refusals"] == ["pair_old, pair_new are multi-host groups, whose members stop and start together"]
+    one = sleep_plan([sleeper()], new, "cuda", MEMINFO, found())
+    assert one["refusals"] == ["pair_new is a multi-host group, whose members stop and start together"]
+
+
 def test_weights_beyond_what_the_host_can_spare_are_refused_and_a_larger_budget_is_cut():
     small_host = "MemTotal: 16777216 kB\nMemAvailable: 8388608 kB\n"  # 16 GiB, 8 available, 6.4 spare
     for budget in (0, 100_000):
