@@ -19,7 +19,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils.instance.host_instance
     normalize,
 )
 from ansible_collections.llmops.vllm.plugins.module_utils.instance.record import remote_url
-from ansible_collections.llmops.vllm.plugins.module_utils.instance.status import status_row
+from ansible_collections.llmops.vllm.plugins.module_utils.instance.status import group_rows, status_row
 from ansible_collections.llmops.vllm.plugins.module_utils.plan.catalog import CatalogError
 from ansible_collections.llmops.vllm.plugins.module_utils.plan.group_planner import group_hosts
 from ansible_collections.llmops.vllm.plugins.module_utils.plan.model_shape import PlanInputError
@@ -111,6 +111,7 @@ class FilterModule:
             "vllm_table": records_table,
             "vllm_instance_url": remote_url,
             "vllm_status_row": status_row,
+            "vllm_status_groups": group_rows,
             "vllm_swap_new_instance": _as_filter_error(new_instance),
             "vllm_swap_outcome": _as_filter_error(swap_outcome),
             "vllm_swap_result": _as_filter_error(swap_result),

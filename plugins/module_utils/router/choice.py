@@ -14,7 +14,8 @@ def choose_workers(backends: list[dict], served_name: str = "", names=()) -> dic
     backends: one per host, {host, address, instances}, the instances as llmops.vllm.vllm_instance_info returns
     them with their keys. The workers are the running instances named in `names` (all by default) that serve
     `served_name` (by default the one model that they all serve). They must take one key: the router forwards
-    its client's key to whichever worker it picks.
+    its client's key to whichever worker it picks. A multi-host group's worker is left out: the group's head serves
+    its API.
     """
     chosen, stopped = [], []
     for backend in backends:
@@ -22,6 +23,9 @@ def choose_workers(backends: list[dict], served_name: str = "", names=()) -> dic
             if names and instance["instance"] not in names:
                 continue
             if served_name and instance["served_name"] != served_name:
+                continue
+            # A multi-host group is reached at its head's API server: its headless workers are no router's workers.
+            if not (instance.get("group") or {}).get("serves_api", True):
                 continue
             if instance.get("active_state") != "active":
                 if names:

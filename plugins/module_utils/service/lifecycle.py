@@ -97,7 +97,8 @@ class Settings:
     orphan_grace: float = 5.0
     poll_interval: float = 1.0
     journal_lines: int = 40
-    # A multi-host group's data parallel ranks, each of which must answer before the group serves; 0: not a group.
+    # A multi-host group's data parallel ranks, each of which must answer before the group serves (one for a replica
+    # over the hosts, tensor or pipeline parallel across them); 0: not a group.
     group_ranks: int = 0
 
 
@@ -152,7 +153,7 @@ class Lifecycle:
         if models.status == 200 and name not in listed:
             raise WaitAborted(f"the server at {url} serves {listed}, not {name!r}: check served_name")
         seen = {"health": health.describe(), "models": listed or models.describe()}
-        if models.status != 200 or self.settings.group_ranks < 2:
+        if models.status != 200 or not self.settings.group_ranks:
             return models.status == 200, seen
         # The group's API server answers /health while an engine of another host is gone: each rank must compute.
         ranks = [

@@ -235,6 +235,14 @@ class TestChoice:
         assert [worker["instance"] for worker in chosen_workers(backends, "other")["workers"]] == ["other"]
         assert [worker["instance"] for worker in chosen_workers(backends, names=["tiny"])["workers"]] == ["tiny"]
 
+    def test_a_multi_host_group_is_reached_at_its_head_alone(self):
+        head = {**instance("pair", port=8001), "group": {"role": "head", "serves_api": True}}
+        worker = {**instance("pair", port=8001), "group": {"role": "worker", "serves_api": False}}
+        backends = [backend("gpu-1", "10.0.0.7", head), backend("gpu-2", "10.0.0.8", worker)]
+        assert chosen_workers(backends)["workers"] == [
+            {"host": "gpu-1", "instance": "pair", "url": "http://10.0.0.7:8001"}
+        ]
+
     def test_instances_with_two_keys_are_refused_naming_instances_never_keys(self):
         backends = [
             backend("gpu-1", "10.0.0.7", instance("tiny", key="sk-one")),

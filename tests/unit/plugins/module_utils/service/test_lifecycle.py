@@ -165,6 +165,11 @@ def test_a_group_serves_only_when_each_data_parallel_rank_computes_a_token():
         ready, seen = lifecycle(ScriptedUnit(state("active")), url, group_ranks=2).readiness()
         assert (ready, seen["ranks"]) == (False, ["HTTP 200", "HTTP 500"])
         assert _GroupServer.ranks_asked == ["0", "1"]
+        # One replica over the hosts (tensor or pipeline parallel across them) is one rank, which must compute too.
+        assert lifecycle(ScriptedUnit(state("active")), url, group_ranks=1).readiness() == (
+            True,
+            {"health": "HTTP 200", "models": ["tiny"], "ranks": ["HTTP 200"]},
+        )
         assert lifecycle(ScriptedUnit(state("active")), url).readiness() == (
             True,
             {"health": "HTTP 200", "models": ["tiny"]},
