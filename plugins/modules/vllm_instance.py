@@ -87,8 +87,8 @@ options:
   group:
     description:
       - For a member of a multi-host group, its part of the group as the record keeps it, with C(role) (C(head) or
-        C(worker)), C(hosts), C(head) (C(name), C(address)), C(serves_api) and C(data_parallel_size). Empty for a
-        one-host instance.
+        C(worker)), C(hosts), C(head) (C(name), C(address)), C(serves_api), C(data_parallel_size) and the port of
+        its guard's metrics, C(guard_port). Empty for a one-host instance.
       - A member that serves no API (a headless worker) is reached, in its record's C(url), at the head.
     type: dict
     default: {}

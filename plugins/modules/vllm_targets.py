@@ -110,6 +110,25 @@ outdated:
   type: list
   elements: str
   sample: []
+guard_targets:
+  description:
+    - The file_sd target groups of the guards of the host's multi-host group members (their Prometheus metrics,
+      on the port of the record's C(group.guard_port)), for a Prometheus on another host; a guard on loopback
+      alone is left out.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - targets: ["10.0.0.12:18001"]
+      labels: {host: gpu-01, vllm_instance: kimi_k25_pair, model: kimi_k25_pair}
+guard_local_targets:
+  description: The same groups for a Prometheus on this host.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - targets: ["127.0.0.1:18001"]
+      labels: {host: gpu-01, vllm_instance: kimi_k25_pair, model: kimi_k25_pair}
 router_targets:
   description:
     - The file_sd target group of the host's router for a Prometheus on another host; empty without a router that
@@ -154,6 +173,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils.observability.metrics_
     readers_text,
 )
 from ansible_collections.llmops.vllm.plugins.module_utils.observability.prometheus_targets import (
+    guard_target_groups,
     is_target,
     only_local,
     router_target_groups,
@@ -228,6 +248,8 @@ def main():
         targets=target_groups(targets, params["host"], params["address"], local=False),
         local_targets=target_groups(targets, params["host"], params["address"], local=True),
         local_only=[record["instance"] for record in targets if only_local(record)],
+        guard_targets=guard_target_groups(targets, params["host"], params["address"], local=False),
+        guard_local_targets=guard_target_groups(targets, params["host"], params["address"], local=True),
         router_targets=router_target_groups(router, params["host"], params["address"], local=False),
         router_local_targets=router_target_groups(router, params["host"], params["address"], local=True),
         outdated=outdated,

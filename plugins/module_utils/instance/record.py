@@ -119,6 +119,7 @@ def _is_group(value) -> bool:
         and _is_text(value["head"].get("address"))
         and isinstance(value.get("serves_api"), bool)
         and _is_whole(value.get("data_parallel_size"), 1)
+        and ("guard_port" not in value or _is_whole(value["guard_port"], 1, 65535))
     )
 
 
@@ -146,7 +147,7 @@ CHECKS = {
     "group": (
         _is_group,
         "{} or a group member {role: head|worker, hosts: [two or more], head: {name, address}, serves_api, "
-        "data_parallel_size}",
+        "data_parallel_size, guard_port (a port)}",
     ),
     **{
         field: (

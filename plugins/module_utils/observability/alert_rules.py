@@ -5,8 +5,9 @@
 The failures that operators fear first: an instance down, an instance that restarted (vLLM exits 0 when its engine
 dies, and systemd starts it again: the clients saw errors), an engine that hangs while /health still answers 200
 (vLLM issue 39863), a KV cache near full, a queue that keeps growing, a latency above the SLO that a catalog entry
-sets (`slo: {p99_ttft_ms: 500}`), and a router in front of the instances that has no healthy worker left. Every
-duration and threshold is a setting, so that a test waits seconds.
+sets (`slo: {p99_ttft_ms: 500}`), a router in front of the instances that has no healthy worker left, and in a
+multi-host group a rank that does not compute and a member that its guard restarted, each named with the host that
+failed. Every duration and threshold is a setting, so that a test waits seconds.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ SLO_KEY = re.compile(r"p([0-9]{1,2}(?:\.[0-9]+)?)_(" + "|".join(LATENCY_HISTOGRA
 GROUP = "llmops-vllm"
 SLO_GROUP = "llmops-vllm-slo"
 ROUTER_GROUP = "llmops-vllm-router"
+GROUP_GUARD_GROUP = "llmops-vllm-group"
+# The Prometheus job of the group guards' metrics (roles/vllm_server/files/llmops_vllm_group_guard.py).
+GROUP_GUARD_JOB = "vllm-group-guard"
 # The Prometheus job of the routers' metrics (the vllm_prometheus role's, fed by the vllm_targets role).
 ROUTER_JOB = "vllm-router"
 
@@ -41,6 +45,8 @@ DEFAULTS = {
     "queue_growing": {"window": "10m", "min_waiting": 10, "for": "5m"},
     "latency_slo": {"window": "5m", "for": "5m"},
     "router_no_healthy_worker": {"for": "1m"},
+    "group_rank_failing": {"for": "1m"},
+    "group_member_restarted": {"window": "15m"},
 }
 # Thresholds: (lowest, highest) allowed.
 THRESHOLDS = {"threshold": (0, 1), "min_waiting": (0, float("inf"))}
@@ -194,6 +200,41 @@ def router_rules(settings: dict) -> list[dict]:
     ]
 
 
+def group_rules(settings: dict) -> list[dict]:
+    """The rules of multi-host groups, from their members' guards (the job vllm-group-guard): each names the host
+    whose member failed."""
+    failing, restarted = settings["group_rank_failing"], settings["group_member_restarted"]
+    ranks = f'llmops_vllm_group_rank_computes{{job="{GROUP_GUARD_JOB}"}}'
+    restarts = f'llmops_vllm_group_restarts_total{{job="{GROUP_GUARD_JOB}"}}'
+    return [
+        _rule(
+            "VllmGroupRankFailing",
+            f"{ranks} == 0",
+            failing["for"],
+            "critical",
+            "Rank {{ $labels.rank }} of the group {{ $labels.vllm_instance }} fails on {{ $labels.rank_host }}",
+            "Data parallel rank {{ $labels.rank }} of the multi-host group {{ $labels.vllm_instance }} ("
+            + MODEL
+            + "), on {{ $labels.rank_host }}, has answered no one-token completion of the head's guard for "
+            f"{failing['for']}: the requests handed to it wait or fail. The guard restarts the head after its failed "
+            "checks; journalctl -u llmops-vllm-guard-{{ $labels.vllm_instance }} on {{ $labels.host }} says why.",
+        ),
+        _rule(
+            "VllmGroupMemberRestarted",
+            f"increase({restarts}[{restarted['window']}]) > 0",
+            "0s",
+            "warning",
+            "The group {{ $labels.vllm_instance }} restarted: its member on {{ $labels.failed_host }} failed",
+            "Within "
+            + restarted["window"]
+            + ", the guard of the multi-host group member {{ $labels.vllm_instance }} on {{ $labels.host }} (the "
+            "{{ $labels.role }}) restarted it because the group's member on {{ $labels.failed_host }} stopped "
+            "serving: the group's requests in flight failed. journalctl -u llmops-vllm-guard-{{ $labels.vllm_instance "
+            "}} on {{ $labels.host }} names the rank and the error.",
+        ),
+    ]
+
+
 def slo_rules(slos: dict, settings: dict) -> list[dict]:
     """A rule for each latency SLO of each catalog entry (model name: its `slo`), the models sorted by name."""
     latency = settings["latency_slo"]
@@ -225,10 +266,14 @@ def slo_rules(slos: dict, settings: dict) -> list[dict]:
 
 
 def alert_rules(settings: dict | None = None, slos: dict | None = None) -> dict:
-    """The rules file: one group for every instance, one for the routers, one for the catalog's SLOs when any entry
-    sets one."""
+    """The rules file: one group for every instance, one for the routers, one for multi-host groups, one for the
+    catalog's SLOs when any entry sets one."""
     checked = check_settings(settings)
-    groups = [{"name": GROUP, "rules": instance_rules(checked)}, {"name": ROUTER_GROUP, "rules": router_rules(checked)}]
+    groups = [
+        {"name": GROUP, "rules": instance_rules(checked)},
+        {"name": ROUTER_GROUP, "rules": router_rules(checked)},
+        {"name": GROUP_GUARD_GROUP, "rules": group_rules(checked)},
+    ]
     latency = slo_rules(slos or {}, checked)
     if latency:
         groups.append({"name": SLO_GROUP, "rules": latency})

@@ -9,6 +9,10 @@ runs (an instance asleep after a sleep swap). An instance that stop.yml or a swa
 not, so an alert never follows a planned stop. Where an instance is reached comes from its record, the one writer
 of its URL.
 
+The guard of each member of a multi-host group (the group guard, which restarts its member when the group stops
+serving) is a target of its own job, at the port that the member's record gives (`group.guard_port`) on the
+address that its server listens on, with the labels host, vllm_instance and model.
+
 The host's router (vllm-router, one per host) is a target of its own job, at the address and port of its metrics
 that its unit's command line gives (`--prometheus-host`, `--prometheus-port`).
 """
@@ -77,14 +81,32 @@ def target_groups(records: list[dict], host: str, address: str, local: bool) -> 
     ]
 
 
+def _listener_target(listen_host: str, port: int, address: str, local: bool) -> str | None:
+    """HOST:PORT where Prometheus reads what listens on `listen_host`:`port` beside the instances (a group guard, the
+    router), placed as an instance's record places its server so that both are reached the same way; None from
+    another host when it listens on loopback alone."""
+    listener = {"host": listen_host, "url": local_url(listen_host, port), "port": port}
+    if not local and only_local(listener):
+        return None
+    return scrape_address(listener, address, local)
+
+
+def guard_target_groups(records: list[dict], host: str, address: str, local: bool) -> list[dict]:
+    """The file_sd groups of the group guards of the records' multi-host group members, for a Prometheus on the host
+    (`local`) or on another one, which does not reach a guard on loopback. A guard listens where its member's server
+    does, on its own port."""
+    groups = []
+    for record in records:
+        port = record.get("group", {}).get("guard_port")
+        target = _listener_target(record["host"], port, address, local) if port else None
+        if target:
+            labels = {"host": host, "vllm_instance": record["instance"], "model": record["model"]}
+            groups.append({"targets": [target], "labels": labels})
+    return groups
+
+
 def router_target_groups(metrics: tuple[str, int] | None, host: str, address: str, local: bool) -> list[dict]:
     """The file_sd group of the host's router, whose metrics listen on `metrics` (address, port; None: no router),
     for a Prometheus on the host (`local`) or on another one, which does not reach metrics on loopback: then none."""
-    if metrics is None:
-        return []
-    listen_host, port = metrics
-    # Placed as an instance's record places its server, so that both are reached the same way.
-    listener = {"host": listen_host, "url": local_url(listen_host, port), "port": port}
-    if not local and only_local(listener):
-        return []
-    return [{"targets": [scrape_address(listener, address, local)], "labels": {"host": host}}]
+    target = _listener_target(*metrics, address, local) if metrics else None
+    return [{"targets": [target], "labels": {"host": host}}] if target else []

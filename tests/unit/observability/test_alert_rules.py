@@ -46,12 +46,12 @@ def test_the_shipped_files_are_what_their_definition_generates():
 
 
 def test_promtool_accepts_the_rules(promtool, tmp_path):
-    assert "SUCCESS: 6 rules found" in run(promtool, "check", "rules", str(ROOT / "observability" / "alert-rules.yml"))
+    assert "SUCCESS: 8 rules found" in run(promtool, "check", "rules", str(ROOT / "observability" / "alert-rules.yml"))
     settings = {"engine_hung": {"window": "10s", "for": "0s"}, "instance_down": {"for": "5s"}}
     slos = {"tiny": {"p99_ttft_ms": 500, "p50_itl_ms": 20}, "big": {"p99.9_e2el_ms": 60000}}
     written = tmp_path / "rules.yml"
     written.write_text(yaml.safe_dump(alert_rules(settings, slos)))
-    assert "SUCCESS: 9 rules found" in run(promtool, "check", "rules", str(written))
+    assert "SUCCESS: 11 rules found" in run(promtool, "check", "rules", str(written))
 
 
 def test_the_rules_fire_and_clear_as_their_tests_say(promtool):
@@ -77,20 +77,27 @@ def test_settings_reach_the_expressions_and_the_texts():
     # An alert that holds for no time carries no `for`; the restart alert fires at once.
     assert "for" not in rules_by_name(alert_rules({"instance_down": {"for": "0s"}}))["VllmInstanceDown"]
     assert "for" not in rules["VllmInstanceRestarted"]
+    group = rules_by_name(
+        alert_rules({"group_rank_failing": {"for": "6s"}, "group_member_restarted": {"window": "2m"}})
+    )
+    assert group["VllmGroupRankFailing"]["for"] == "6s"
+    assert "completion of the head's guard for 6s" in group["VllmGroupRankFailing"]["annotations"]["description"]
+    assert group["VllmGroupMemberRestarted"]["expr"].endswith("[2m]) > 0")
+    assert group["VllmGroupMemberRestarted"]["annotations"]["description"].startswith("Within 2m,")
 
 
 def test_without_slos_there_is_no_slo_group():
-    assert [group["name"] for group in alert_rules()["groups"]] == ["llmops-vllm", "llmops-vllm-router"]
+    groups = ["llmops-vllm", "llmops-vllm-router", "llmops-vllm-group"]
+    assert [group["name"] for group in alert_rules()["groups"]] == groups
     assert [group["name"] for group in alert_rules(slos={"tiny": {"p99_ttft_ms": 1}})["groups"]] == [
-        "llmops-vllm",
-        "llmops-vllm-router",
+        *groups,
         "llmops-vllm-slo",
     ]
 
 
 def test_one_slo_rule_per_objective_and_model():
     document = alert_rules(slos={"tiny": {"p99_ttft_ms": 500, "p50_itl_ms": 25}, "big": {"p99.9_e2el_ms": 60000}})
-    slo_rules = document["groups"][2]["rules"]
+    slo_rules = document["groups"][3]["rules"]
     assert [(rule["labels"]["slo"], rule["expr"]) for rule in slo_rules] == [
         (
             "p99.9_e2el_ms",

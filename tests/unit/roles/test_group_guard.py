@@ -6,13 +6,20 @@ tests/integration/test_group.py.
 
 import importlib.util
 import json
+import subprocess
+import sys
 import threading
+import urllib.error
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-GUARD = Path(__file__).resolve().parents[3] / "roles" / "vllm_server" / "files" / "llmops_vllm_group_guard.py"
+ROLES = Path(__file__).resolve().parents[3] / "roles"
+GUARD = ROLES / "vllm_server" / "files" / "llmops_vllm_group_guard.py"
+# The guard imports the servers' middleware from the venv, where the install role puts it.
+sys.path.insert(0, str(ROLES / "vllm_install" / "files"))
 SPEC = importlib.util.spec_from_file_location("llmops_vllm_group_guard", GUARD)
 guard = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(guard)
@@ -119,5 +126,65 @@ def test_each_rank_gets_a_one_token_completion_with_the_key_and_its_failure_is_n
 
 def test_bad_settings_are_refused(capsys):
     with pytest.raises(SystemExit):
-        guard.arguments(["--record", "/etc/vllm/tiny.json", "--failures", "0"])
+        guard.arguments(["--record", "/etc/vllm/tiny.json", "--state", "/var/lib/g/tiny.json", "--failures", "0"])
     assert "--failures at least 1" in capsys.readouterr().err
+
+
+def test_the_ledger_starts_every_cause_at_zero_and_keeps_its_restarts_across_the_guard_s_restarts(tmp_path):
+    state = tmp_path / "pair.json"
+    ledger = guard.Ledger(str(state), "head", ["host-a", "host-b"])
+    assert ledger.restarts == {"host-a": 0, "host-b": 0}
+    ledger.restarted(["host-b"])
+    ledger.restarted(["host-b"])
+    again = guard.Ledger(str(state), "head", ["host-a", "host-b"])
+    assert again.restarts == {"host-a": 0, "host-b": 2}
+    # A state file that is not the guard's is counted from zero, never a crash.
+    state.write_text("[1, 2]")
+    assert guard.Ledger(str(state), "head", ["host-a"]).restarts == {"host-a": 0}
+
+
+def test_the_ledger_exports_the_member_each_rank_and_the_restarts_by_cause(tmp_path):
+    ledger = guard.Ledger(str(tmp_path / "pair.json"), "head", ["host-a", "host-b"])
+    ledger.checked(True, {0: ("host-a", True), 1: ("host-b", False)})
+    ledger.restarted(["host-b"])
+    samples = [line for line in ledger.text().splitlines() if not line.startswith("#")]
+    assert samples == [
+        'llmops_vllm_group_member_active{role="head"} 1',
+        'llmops_vllm_group_rank_computes{rank="0",rank_host="host-a"} 1',
+        'llmops_vllm_group_rank_computes{rank="1",rank_host="host-b"} 0',
+        'llmops_vllm_group_restarts_total{role="head",failed_host="host-a"} 0',
+        'llmops_vllm_group_restarts_total{role="head",failed_host="host-b"} 1',
+    ]
+    # A stopped member: no rank is claimed to compute or to fail.
+    ledger.checked(False)
+    assert "rank=" not in ledger.text() and 'llmops_vllm_group_member_active{role="head"} 0' in ledger.text()
+
+
+def test_promtool_reads_the_guard_s_metrics(promtool, tmp_path):
+    ledger = guard.Ledger(str(tmp_path / "pair.json"), "worker", ["host-a"])
+    ledger.checked(True)
+    checked = subprocess.run(
+        [promtool, "check", "metrics"], input=ledger.text(), capture_output=True, text=True, check=False
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_the_metrics_answer_the_host_itself_on_metrics_alone(tmp_path):
+    ledger = guard.Ledger(str(tmp_path / "pair.json"), "worker", ["host-a"])
+    server = guard.metrics_server(ledger, "127.0.0.1", 0, readers_file=str(tmp_path / "readers"))
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        status, body = get(f"{url}/metrics")
+        assert status == 200 and 'llmops_vllm_group_restarts_total{role="worker",failed_host="host-a"} 0' in body
+        assert get(f"{url}/other")[0] == 404
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -237,7 +237,9 @@ def test_the_guard_is_stopped_with_its_member_reads_the_record_and_has_no_key_on
     (exec_start,) = directives(guard, "ExecStart")
     assert shlex.split(exec_start) == [
         "/opt/vllm/venv/bin/python", "/opt/vllm/llmops_vllm_group_guard.py", "--record", "/etc/vllm/tiny.json",
-        "--interval", "10", "--timeout", "30", "--failures", "3",
+        "--state", "/var/lib/llmops-vllm-guard/tiny.json", "--interval", "10", "--timeout", "30", "--failures", "3",
     ]  # fmt: skip
+    # Its restarts of the member outlast its own restarts, in the one directory it may write.
+    assert directives(guard, "StateDirectory") == ["llmops-vllm-guard"]
     assert directives(guard, "EnvironmentFile") == ["/etc/vllm/tiny.env"] and "sk-1" not in guard
     assert directives(guard, "CapabilityBoundingSet") == [""] and directives(guard, "ProtectSystem") == ["strict"]

@@ -14,7 +14,12 @@ def test_the_filters_are_found_by_their_names():
 
 def test_alert_rules_with_settings_and_slos():
     rules = FILTERS["vllm_alert_rules"]({"instance_down": {"for": "5s"}}, {"tiny": {"p99_ttft_ms": 100}})
-    assert [group["name"] for group in rules["groups"]] == ["llmops-vllm", "llmops-vllm-router", "llmops-vllm-slo"]
+    assert [group["name"] for group in rules["groups"]] == [
+        "llmops-vllm",
+        "llmops-vllm-router",
+        "llmops-vllm-group",
+        "llmops-vllm-slo",
+    ]
     assert rules["groups"][0]["rules"][0]["for"] == "5s"
 
 

@@ -1,6 +1,7 @@
 import pytest
 
 from ansible_collections.llmops.vllm.plugins.module_utils.observability.prometheus_targets import (
+    guard_target_groups,
     is_target,
     only_local,
     scrape_address,
@@ -90,3 +91,21 @@ def test_a_headless_member_of_a_group_is_no_target_its_head_is():
     worker = {**record("pair", url="http://10.0.0.1:8000"), "group": {"role": "worker", "serves_api": False}}
     assert [group["targets"] for group in target_groups([head], "host-a", "10.0.0.1", False)] == [["10.0.0.1:8000"]]
     assert target_groups([worker], "host-b", "10.0.0.2", False) == []
+
+
+def test_every_group_member_s_guard_is_a_target_on_its_own_port_and_a_one_host_instance_has_none():
+    head = {**record("pair"), "group": {"role": "head", "serves_api": True, "guard_port": 18000}}
+    worker = {**record("pair", host="10.0.0.2", url="http://10.0.0.1:8000"),
+              "group": {"role": "worker", "serves_api": False, "guard_port": 18000}}  # fmt: skip
+    labels = {"host": "host-a", "vllm_instance": "pair", "model": "pair"}
+    assert guard_target_groups([head, record()], "host-a", "10.0.0.1", False) == [
+        {"targets": ["10.0.0.1:18000"], "labels": labels}
+    ]
+    assert guard_target_groups([head], "host-a", "10.0.0.1", True)[0]["targets"] == ["127.0.0.1:18000"]
+    # A worker's guard listens where the worker's server would, on the worker's own address.
+    assert guard_target_groups([worker], "host-b", "10.0.0.2", False)[0]["targets"] == ["10.0.0.2:18000"]
+    # On loopback alone, no other host reaches it; a record of an older release has no guard port.
+    on_loopback = {**head, "host": "127.0.0.1", "url": "http://127.0.0.1:8000"}
+    assert guard_target_groups([on_loopback], "host-a", "10.0.0.1", False) == []
+    older = {**head, "group": {"role": "head", "serves_api": True}}
+    assert guard_target_groups([older], "host-a", "10.0.0.1", True) == []
