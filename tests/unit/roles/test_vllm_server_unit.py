@@ -243,3 +243,12 @@ def test_the_guard_is_stopped_with_its_member_reads_the_record_and_has_no_key_on
     assert directives(guard, "StateDirectory") == ["llmops-vllm-guard"]
     assert directives(guard, "EnvironmentFile") == ["/etc/vllm/tiny.env"] and "sk-1" not in guard
     assert directives(guard, "CapabilityBoundingSet") == [""] and directives(guard, "ProtectSystem") == ["strict"]
+
+
+def test_a_group_member_s_guard_needs_a_port_of_its_own(run_preflight):
+    member = {"vllm_server_python": "/usr/bin/python3", "vllm_server_group_member": WORKER}
+    assert run_preflight(**member) == (0, [])
+    rc, (message,) = run_preflight(**member, vllm_server_port=60000)
+    assert rc == 2 and "on port 70000, no port" in message and "set vllm_server_group_guard_port" in message
+    rc, (message,) = run_preflight(**member, vllm_server_port=9000, vllm_server_group_guard_port=9000)
+    assert rc == 2 and "on port 9000, the instance's own" in message
