@@ -109,8 +109,8 @@ cpu: ## Print this machine's CPU and the ISA level that vLLM's CPU build sees (A
 	@python3 scripts/cpu-isa.py
 
 .PHONY: test
-test: ## Everything CI runs, in order, then the time each part took and the slowest tests
-	scripts/test-suite.sh cpu lint sanity unit molecule integration
+test: ## Everything CI runs (molecule beside lint, sanity and unit), then the time each stage took and the slowest tests
+	scripts/test-suite.sh cpu lint,sanity,unit+molecule integration
 
 .PHONY: clean
 clean: ## Remove the local host, the venv and build files (the wheelhouse and image stay cached)

@@ -16,7 +16,9 @@ for lane in "${LANES[@]}"; do
 done
 status=0
 for index in "${!LANES[@]}"; do
-  wait "${pids[$index]}" || { ((status)) || status=$?; }
+  wait "${pids[$index]}"
+  code=$?
+  ((status)) || status=$code
 done
 for lane in "${LANES[@]}"; do
   echo "==== integration, lane $lane (.build/integration-$lane.log)"
