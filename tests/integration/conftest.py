@@ -10,8 +10,10 @@ at 127.0.0.1 fails there. When the session has fleet tests, both hosts are deplo
 LLMOPS_TEST_KEEP_HOST=1 keeps the containers afterwards; the next session's deploy then changes nothing.
 
 `--lane fleet` or `--lane host` runs one of two halves of the tests, whole modules each: the modules with fleet
-tests and those of FLEET_LANE_ALSO, or the rest. scripts/integration.sh runs both at once, each with hosts of its
-own: a load of tiny keeps about one core busy, so two lanes on two cores take about the time of the longer.
+tests, or the rest. scripts/integration.sh runs both at once, each with hosts of its own: a load of tiny keeps about
+one core busy, so two lanes on two cores take about the time of the longer. The modules of a lane run in the order
+of their names: the alert tests of test_observability.py, whose windows hold a restart of tiny, run before the router
+tests' continuous load in the other lane, which on every core slowed such a restart past them.
 """
 
 from __future__ import annotations
@@ -38,11 +40,6 @@ SECOND_CONFIG_DIR = "/etc/vllm-fleet"
 # The longest a module may take here: a start of tiny plus a stop, with room for a loaded CI runner.
 MODULE_TIMEOUT = 900
 
-
-# Modules without fleet tests that run in the fleet lane, so that the two lanes take about as long. The alert tests
-# among them: their windows hold a restart of tiny, which the router tests' continuous load on every core slowed
-# past them when the two ran at once.
-FLEET_LANE_ALSO = ("test_observability.py",)
 LANES = ("fleet", "host")
 
 
@@ -54,7 +51,7 @@ def pytest_collection_modifyitems(config, items):
     lane = config.getoption("lane")
     if not lane:
         return
-    fleet_modules = {item.path.name for item in items if "fleet" in item.fixturenames} | set(FLEET_LANE_ALSO)
+    fleet_modules = {item.path.name for item in items if "fleet" in item.fixturenames}
     kept = [item for item in items if (item.path.name in fleet_modules) == (lane == "fleet")]
     config.hook.pytest_deselected(items=[item for item in items if item not in kept])
     items[:] = kept

@@ -4,7 +4,8 @@ router.yml runs the router on the first host, in front of the instance of `tiny`
 host's network address. The test's own client (tests/integration/router_load.py) streams completions through the
 router from this machine, another address, and counts what it gets; the router's own metrics must agree. In order:
 the key check from other hosts, a second run that changes nothing, status.yml, a rollout of both hosts to tiny_v2
-(same served name) under load, a killed engine core under load, stop.yml of the second host under load, the
+(same served name) under load, whose first starts read vLLM's answer about the model's class that tiny's left, a
+killed engine core under load, stop.yml of the second host under load, the
 refusals before any change (a router that does not answer, an instance without a record), and a swap of the one
 host left behind the router, whose gap the client measures. The figures go to benchmarks/results/router-local-hosts.md.
 """
@@ -283,6 +284,21 @@ def test_a_rollout_of_both_hosts_behind_the_router_loses_no_request(routed):
     assert [(worker["url"], worker["healthy"]) for worker in routed.info()["workers"]] == [
         (url, True) for url in routed.worker_urls()
     ]
+
+
+def test_the_entry_rolled_out_found_vllms_answer_about_its_model_class(routed):
+    """vLLM imports a model's class in a Python process of its own at an entry's first start unless VLLM_CACHE_ROOT/
+    modelinfos answers. The entries of a release share that directory: tiny_v2's first start on each host read the
+    answer that tiny's start left there (both are LlamaForCausalLM) and wrote none."""
+    for host in routed.fleet.hosts:
+        version = json.loads(host.sh(f"cat {host.config_dir}/tiny_v2.json").stdout)["vllm_version"]
+        release = f"/var/lib/vllm/.cache/vllm/{version}"
+        assert host.sh(f"readlink {release}/tiny_v2/modelinfos").stdout.strip() == "../modelinfos", host.name
+        answers = host.sh(f"find {release}/modelinfos -name '*LlamaForCausalLM.json' -printf '%T@\\n'").stdout.split()
+        started = host.sh("systemctl show --timestamp=unix -P ExecMainStartTimestamp vllm-tiny_v2.service").stdout
+        started_at = int(started.strip().lstrip("@"))
+        # An answer that tiny_v2's start wrote would be seconds younger than the start: vLLM imports itself first.
+        assert answers and max(map(float, answers)) <= started_at + 1, (host.name, answers, started_at)
 
 
 def test_a_request_that_reaches_a_draining_instance_is_answered_by_the_other_host(routed):
