@@ -1,8 +1,9 @@
 """One model over the two hosts of the fleet: vLLM's own multi-node data parallel serving, deployed by deploy.yml
 as one group (the catalog entry tiny_pair: a rank on each host, the first host's API server in front of both, the
 second host headless), healed by its members' guards after a killed engine, a killed head and a hung worker,
-swapped by swap.yml to another group over the same hosts (tiny_pair_next) and from there to one that cannot serve
-in time (tiny_pair_late), which rolls the whole group back, then stopped by stop.yml."""
+rolled out by rollout.yml to another group over the same hosts (tiny_pair_next), in one batch, swapped by swap.yml
+from there to one that cannot serve in time (tiny_pair_late), which rolls the whole group back, then stopped by
+stop.yml."""
 
 import json
 import re
@@ -247,15 +248,17 @@ def states(host, instance: str) -> tuple[str, str]:
     return shown[0], shown[1], shown[2]
 
 
-def test_a_swap_moves_the_whole_group_to_the_next_entry(fleet, pair):
+def test_a_rollout_moves_the_whole_group_to_the_next_entry_in_one_batch(fleet, pair):
+    """rollout.yml in its batches of one host: the batch grows to hold both hosts of the group, which swap at once."""
     inventory, _deployed = pair
     first, _second = fleet.hosts
-    swapped = swap(fleet, inventory, NEXT, replace=ENTRY)
-    output = unfolded(swapped)
-    assert swapped.returncode == 0, output[output.find("fatal:") - 3000 :][:6000]
-    summaries = re.findall(rf"swapped in [0-9.]+ s \({ENTRY} -> {NEXT}\); down [0-9.]+ s", output)
-    assert len(summaries) == 2, output[-6000:]
-    print("\n".join(summaries))
+    settings = {"model": NEXT, "vllm_swap_replace": ENTRY, "vllm_catalog_paths": [CATALOG]}
+    rolled_out = fleet.playbook("playbooks/rollout.yml", "-e", json.dumps(settings), inventory=inventory)
+    output = unfolded(rolled_out)
+    assert rolled_out.returncode == 0, output[output.find("fatal:") - 3000 :][:6000]
+    rows = re.findall(rf"(\S+) +\| {ENTRY} +\| {NEXT} +\| [0-9.]+ +\| swapped ", output)
+    # Batches of one would have split the group, which a batch refuses on the group's hosts.
+    assert sorted(rows) == sorted(host.name for host in fleet.hosts), output[-6000:]
     for host in fleet.hosts:
         # The new member and its guard run and start at boot; the old member and its guard are stopped, disabled.
         assert states(host, NEXT) == ("active", "active", "enabled"), host.name

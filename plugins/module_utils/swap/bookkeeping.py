@@ -338,10 +338,15 @@ def gate_reference(results, host, batch) -> dict:
     of the batch take the peers in the play's order, each its own, so that no reference serves two gates at once.
     """
     by_host = {result.get("host"): result for result in results}
+    if (by_host.get(host) or {}).get("group"):
+        return {}  # a multi-host group's readiness (every rank computes) is its gate: the gate measures one host
     peers = [
         result["reference"]
         for result in results
-        if result.get("result") == "prepared" and result.get("reference") and result.get("host") not in batch
+        if result.get("result") == "prepared"
+        and result.get("reference")
+        and not result.get("group")
+        and result.get("host") not in batch
     ]
     taken = set()
     for member in batch:
@@ -420,6 +425,48 @@ def swap_result(outcome, host, model, steps, now) -> dict:
     result["gate_answer"] = result["gate"]["answer"] if result["gate"] else None
     result["summary"] = summary_line(result)
     return result
+
+
+def _batch_sizes(batch, host_count: int) -> list[int]:
+    """`batch` as Ansible's `serial` takes it (a number of hosts, 0 for all; a percentage of them, at least one; or a
+    list of such, the last repeated), as numbers of hosts."""
+    problem = f"vllm_rollout_batch must be a number of hosts, a percentage of them or a list of such, got {batch!r}"
+    sizes = []
+    for item in batch if isinstance(batch, list) else [batch]:
+        text = str(item).strip()
+        if isinstance(item, bool) or not re.fullmatch(r"\d+%?", text):
+            raise SwapError(problem)
+        size = int(text.rstrip("%"))
+        if text.endswith("%"):
+            size = max(1, size * host_count // 100)
+        sizes.append(size or host_count)
+    if not sizes:
+        raise SwapError(problem)
+    return sizes
+
+
+def rollout_batches(hosts, results, batch) -> list[int]:
+    """The sizes of a rollout's batches over `hosts` (the play's, in its order), as `serial` takes them: `batch`
+    (vllm_rollout_batch), each batch grown until it holds every host of each multi-host group that one of its hosts
+    belongs to, since a group switches over whole.
+
+    results: every host's vllm_swap_result; a prepared host's `group` lists the hosts of its new group.
+    """
+    position = {host: index for index, host in enumerate(hosts)}
+    group_of = {result.get("host"): result.get("group") or [] for result in results}
+    sizes = _batch_sizes(batch, len(hosts))
+    batches, start = [], 0
+    while start < len(hosts):
+        end = min(len(hosts), start + sizes[min(len(batches), len(sizes) - 1)])
+        grown = True
+        while grown:
+            members = [position[member] for host in hosts[start:end] for member in group_of.get(host, [])
+                       if member in position]  # fmt: skip
+            grown = bool(members) and max(members) >= end
+            end = max([end, *(index + 1 for index in members)])
+        batches.append(end - start)
+        start = end
+    return batches
 
 
 def budget_spent(results, max_fail_percentage, host_count) -> str:

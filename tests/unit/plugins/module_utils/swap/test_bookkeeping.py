@@ -10,6 +10,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils.swap.bookkeeping impor
     gate_summary,
     meminfo_mib,
     new_instance,
+    rollout_batches,
     sleep_plan,
     swap_outcome,
     swap_result,
@@ -408,3 +409,43 @@ def test_each_host_of_a_batch_takes_its_own_reference_of_the_same_kind_and_relea
     switched = [{"host": "e", "result": "swapped"} if r["host"] == "e" else r for r in results]
     assert gate_reference(switched, "f", ["f"])["host"] == "a"
     assert gate_reference([prepared("a")], "a", ["a"]) == {}
+
+
+def test_a_host_of_a_multi_host_group_neither_takes_nor_gives_a_reference():
+    pair = [prepared("a") | {"group": ["a", "b"]}, prepared("b") | {"group": ["a", "b"]}]
+    assert gate_reference([*pair, prepared("e")], "a", ["a", "b"]) == {}
+    assert gate_reference([*pair, prepared("e")], "e", ["e"]) == {}
+
+
+# ---- a rollout's batches ----------------------------------------------------------------------------------
+
+PAIR = [{"host": host, "result": "prepared", "group": ["a", "b"]} for host in ("a", "b")]
+
+
+@pytest.mark.parametrize(
+    ("hosts", "results", "batch", "batches"),
+    [
+        (["a", "b", "c", "d"], [], 1, [1, 1, 1, 1]),
+        (["a", "b", "c", "d"], PAIR, 1, [2, 1, 1]),
+        (["c", "a", "b", "d"], PAIR, 1, [1, 2, 1]),
+        # A group's hosts apart in the play's order: the batch takes what lies between them too.
+        (["a", "c", "b", "d"], PAIR, 1, [3, 1]),
+        (["c", "a", "b", "d"], PAIR, 2, [1 + 2, 1]),
+        (["a", "b", "c", "d"], PAIR, "25%", [2, 1, 1]),
+        (["c", "d", "a", "b"], PAIR, "50%", [2, 2]),
+        (["a", "b", "c", "d"], PAIR, [1, 5], [2, 2]),
+        (["a", "b", "c", "d"], PAIR, "0%", [2, 1, 1]),
+        (["a", "b", "c", "d"], PAIR, 0, [4]),
+        # A group host outside the play (refused before) grows no batch.
+        (["a", "c"], PAIR, 1, [1, 1]),
+    ],
+)
+def test_a_rollout_s_batches_hold_each_multi_host_group_whole(hosts, results, batch, batches):
+    assert rollout_batches(hosts, results, batch) == batches
+    assert sum(batches) == len(hosts)
+
+
+@pytest.mark.parametrize("batch", ["ten", "-1", True, [], [1, "x"], 2.5])
+def test_a_batch_that_is_no_size_is_refused(batch):
+    with pytest.raises(SwapError, match="vllm_rollout_batch must be a number of hosts, a percentage of them"):
+        rollout_batches(["a"], [], batch)
