@@ -1,6 +1,6 @@
 """The compile cache shared by identical hosts: the first host to serve an entry compiles it and publishes its cache
 to the controller's store; the second unpacks it before its first start, where vLLM reads it; an archive made for
-another host is refused, and that host compiles for itself. (That another entry of the same architecture finds
+another host is refused, and nothing of it is unpacked. (That another entry of the same architecture finds
 vLLM's answer about its model class, which the first entry's start left, test_router.py checks after its rollout.)
 
 Both hosts run on this machine's CPU, so their keys are the same, as those of two identical GPU hosts are. vLLM's
@@ -138,19 +138,23 @@ def foreign_copy(archive: Path, destination: Path) -> None:
             copy.addfile(member, io.BytesIO(data) if data is not None else None)
 
 
-def test_an_archive_made_for_another_host_is_refused_and_the_host_compiles_for_itself(
-    fleet, published, store, tmp_path
-):
+def test_an_archive_made_for_another_host_is_refused_and_nothing_of_it_is_unpacked(fleet, published, store, tmp_path):
+    """The archive's key names the device it was compiled for: an archive of another kind of host is refused, with
+    how the keys differ, and the instance's cache stays empty, so that vLLM compiles for this host at its start, as
+    the first host's start did."""
     second = fleet.hosts[1]
-    remove_instances(second, INSTANCE)
+    stopped = second.module(
+        "llmops.vllm.vllm_service", instance=INSTANCE, config_dir=second.config_dir, state="stopped"
+    )
+    assert not stopped.get("failed"), stopped
     second.sh(f"rm -rf /var/lib/vllm/.cache/vllm/*/{INSTANCE}")
     [archive] = archives(store)
-    mislabelled = tmp_path / "store"
-    mislabelled.mkdir()
-    foreign_copy(archive, mislabelled / archive.name)
-    kept = (mislabelled / archive.name).read_bytes()
-    output = deploy(fleet, second, mislabelled)
-    assert "was made for another host: device" in output, output[-4000:]
-    lines = journal(second)
-    assert SAVED.search(lines) and not READ.search(lines), lines[-3000:]
-    assert (mislabelled / archive.name).read_bytes() == kept
+    foreign = tmp_path / archive.name
+    foreign_copy(archive, foreign)
+    second.copy_in(str(foreign), "/tmp/foreign.tar.gz")
+    result = second.module("llmops.vllm.vllm_compile_cache", instance=INSTANCE, config_dir=second.config_dir,
+                           device="cpu", state="imported", archive="/tmp/foreign.tar.gz")  # fmt: skip
+    assert not result.get("failed") and not result["changed"], result
+    assert result["refused"].startswith("device"), result
+    assert any("was made for another host: device" in warning for warning in result.get("warnings", [])), result
+    assert cache_files(second) == []

@@ -42,9 +42,10 @@ ROUTER_VARS = {
 # The longest the router may send requests to a dead worker: failures in a row times the interval, and a timeout.
 HEALTH_BOUND = 2 * 2 + 2
 UNIT = "vllm-router.service"
-# Seconds each client thread waits between two requests (a request takes about 0.15 s here): the load goes on,
-# and the engine that serves it leaves a core to the host that starts a new one.
-LOAD_PAUSE = 0.5
+# Seconds each client thread waits between two requests (a request takes about 0.15 s here): the load goes on, a
+# request or so a second to each host, and the engine that serves it leaves the machine's cores to the host that
+# starts a new one and to the other tests running beside these.
+LOAD_PAUSE = 1.0
 # Seconds the router's counts may take to hold a request that the client has seen answered.
 METRICS_CATCH_UP = 10
 # Streams in flight on an instance that is stopped, long enough that it drains for several seconds (tiny_v2 runs
