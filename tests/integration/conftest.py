@@ -167,6 +167,12 @@ def copy_stream_clients(host: LocalHost) -> None:
     host.sh(f"cat > /tmp/stream_clients.py <<'EOF'\n{STREAM_CLIENTS.read_text()}\nEOF")
 
 
+def main_started_at(host: LocalHost, unit: str) -> int:
+    """The epoch second at which the unit's main process last started, as systemd says."""
+    shown = host.sh(f"systemctl show --timestamp=unix -P ExecMainStartTimestamp {shlex.quote(unit)}").stdout
+    return int(shown.strip().lstrip("@"))
+
+
 def engine_gauge(host: LocalHost, url: str, name: str) -> float:
     """vLLM's gauge `name` (summed over its labels) from the /metrics of the instance at `url`, read on `host`,
     which that endpoint answers."""

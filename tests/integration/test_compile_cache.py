@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import OWN_CORE_DIR, remove_instances
+from .conftest import OWN_CORE_DIR, main_started_at, remove_instances
 
 CATALOG = str(Path(__file__).resolve().parent / "catalog")
 INSTANCE = "tiny_compiled"
@@ -121,8 +121,8 @@ def test_an_identical_host_unpacks_it_where_vllm_reads_it(fleet, published, stor
     # The answer about the model's class came with the archive, and the start read it: vLLM did not write it again.
     answers = second.sh(f"find /var/lib/vllm/.cache/vllm -path '*/{INSTANCE}/modelinfos/*LlamaForCausalLM.json'"
                         " -type f -printf '%T@\\n'").stdout.split()  # fmt: skip
-    started = second.sh(f"systemctl show --timestamp=unix -P ExecMainStartTimestamp {UNIT}").stdout.strip()
-    assert len(answers) == 1 and float(answers[0]) <= int(started.lstrip("@")) + 1, (answers, started)
+    started_at = main_started_at(second, UNIT)
+    assert len(answers) == 1 and float(answers[0]) <= started_at + 1, (answers, started_at)
 
 
 def foreign_copy(archive: Path, destination: Path) -> None:

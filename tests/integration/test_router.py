@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Fleet, LocalHost, deploy_tiny, engine_gauge, remove_instances, unfolded
+from .conftest import Fleet, LocalHost, deploy_tiny, engine_gauge, main_started_at, remove_instances, unfolded
 from .router_load import StreamingLoad
 
 CATALOG = json.dumps({"vllm_catalog_paths": [str(Path(__file__).resolve().parent / "catalog")]})
@@ -296,8 +296,7 @@ def test_the_entry_rolled_out_found_vllms_answer_about_its_model_class(routed):
         release = f"/var/lib/vllm/.cache/vllm/{version}"
         assert host.sh(f"readlink {release}/tiny_v2/modelinfos").stdout.strip() == "../modelinfos", host.name
         answers = host.sh(f"find {release}/modelinfos -name '*LlamaForCausalLM.json' -printf '%T@\\n'").stdout.split()
-        started = host.sh("systemctl show --timestamp=unix -P ExecMainStartTimestamp vllm-tiny_v2.service").stdout
-        started_at = int(started.strip().lstrip("@"))
+        started_at = main_started_at(host, "vllm-tiny_v2.service")
         # An answer that tiny_v2's start wrote would be seconds younger than the start: vLLM imports itself first.
         assert answers and max(map(float, answers)) <= started_at + 1, (host.name, answers, started_at)
 

@@ -458,12 +458,13 @@ def rollout_batches(hosts, results, batch) -> list[int]:
     batches, start = [], 0
     while start < len(hosts):
         end = min(len(hosts), start + sizes[min(len(batches), len(sizes) - 1)])
-        grown = True
-        while grown:
-            members = [position[member] for host in hosts[start:end] for member in group_of.get(host, [])
-                       if member in position]  # fmt: skip
-            grown = bool(members) and max(members) >= end
-            end = max([end, *(index + 1 for index in members)])
+        # Grow the batch to the last host of each group of its hosts, until that adds no group.
+        while True:
+            reach = max((position[member] + 1 for host in hosts[start:end] for member in group_of.get(host, [])
+                         if member in position), default=end)  # fmt: skip
+            if reach <= end:
+                break
+            end = reach
         batches.append(end - start)
         start = end
     return batches
