@@ -15,9 +15,11 @@ server's own rounds; interleaving cancels most of it. The independent noise is S
 freedom (heavy tails: most rounds close, a few far out), scaled so that the paired log ratio's standard deviation is
 the recorded spread. The gate is the collection's own code, called as a module would call it.
 
-Two more tables weigh rounds whose speed runs in spells (--correlated): the gate against the old instance measured
+Three more tables weigh rounds whose speed runs in spells (--correlated): the gate against the old instance measured
 first (one server's rounds on one AR(1) process, the baseline's window, then the candidate's after the switch,
---gap-rounds), and against a peer on another machine (each machine on its own AR(1) process, nothing common).
+--gap-rounds; the baseline's own correlation is the gate's least, as the module takes it), against a peer on another
+machine (each machine on its own AR(1) process, nothing common), and against that peer given the correlation an
+earlier gate between the two measured.
 
 usage: python3 benchmarks/gate_simulation.py [--gates N] [--seed S] [--spread SD ...] [--seconds-per-round S]
                                              [--correlated SPREAD:CORRELATION ...] [--gap-rounds N]
@@ -26,6 +28,7 @@ usage: python3 benchmarks/gate_simulation.py [--gates N] [--seed S] [--spread SD
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import math
@@ -161,45 +164,71 @@ class RoundModel:
             yield 1000 * math.exp(reference_log), 1000 * math.exp(candidate_log + candidate_shift)
 
 
-def unpaired_rounds(
-    rng: random.Random,
-    spread: float,
-    correlation: float,
-    baseline_rounds: int,
-    gap: int,
-    worsening_log: float,
-    direction: str,
-):
-    """Endless (baseline, candidate) rounds of one server's values around 1000, as a gate against the old instance
-    measured first sees them: the baseline's rounds, then `gap` rounds' time for the switch, then the candidate's,
-    all on one AR(1) process in log space of standard deviation `spread` and lag-one correlation `correlation`."""
-    candidate_shift = -worsening_log if direction == gate.HIGHER_IS_BETTER else worsening_log
-    innovation = spread * math.sqrt(1 - correlation**2)
-    level = rng.gauss(0.0, spread)
+class OldInstanceFirst:
+    """(baseline, candidate) rounds of one server's values around 1000, as a gate against the old instance measured
+    first sees them: the baseline's rounds, then `gap` rounds' time for the switch, then the candidate's, all on one
+    AR(1) process in log space of standard deviation `spread` and lag-one correlation `correlation`.
 
-    def step():
-        nonlocal level
-        value = level
-        level = correlation * level + rng.gauss(0.0, innovation)
+    The baseline is whole before the gate starts, so its own rounds' correlation is the gate's least (as
+    rounds.baseline_rounds sets it for the module)."""
+
+    def __init__(self, rng, spread, correlation, baseline_rounds, gap, worsening_log, direction):
+        self.rng = rng
+        self.correlation = correlation
+        self.innovation = spread * math.sqrt(1 - correlation**2)
+        self.level = rng.gauss(0.0, spread)
+        self.baseline = [self.step() for _round in range(baseline_rounds)]
+        for _round in range(gap):
+            self.step()
+        self.candidate_shift = -worsening_log if direction == gate.HIGHER_IS_BETTER else worsening_log
+        self.next_round = 0
+
+    def step(self) -> float:
+        value = self.level
+        self.level = self.correlation * self.level + self.rng.gauss(0.0, self.innovation)
         return value
 
-    baseline = [step() for _round in range(baseline_rounds)]
-    for _round in range(gap):
-        step()
-    for reference_log in baseline:
-        yield 1000 * math.exp(reference_log), 1000 * math.exp(step() + candidate_shift)
+    def least_correlation(self) -> float:
+        return gate.serial_correlation(self.baseline)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        reference_log = self.baseline[self.next_round]
+        self.next_round += 1
+        return 1000 * math.exp(reference_log), 1000 * math.exp(self.step() + self.candidate_shift)
 
 
-def peer_rounds(rng: random.Random, spread: float, correlation: float, worsening_log: float, direction: str):
-    """Endless (reference, candidate) rounds of two servers on two machines, measured in the same rounds, each
-    machine's log values on its own AR(1) process: no drift is common to both, so none cancels."""
-    candidate_shift = -worsening_log if direction == gate.HIGHER_IS_BETTER else worsening_log
-    innovation = spread * math.sqrt(1 - correlation**2)
-    reference, candidate = rng.gauss(0.0, spread), rng.gauss(0.0, spread)
-    while True:
-        yield 1000 * math.exp(reference), 1000 * math.exp(candidate + candidate_shift)
-        reference = correlation * reference + rng.gauss(0.0, innovation)
-        candidate = correlation * candidate + rng.gauss(0.0, innovation)
+class PeerRounds:
+    """(reference, candidate) rounds of two servers on two machines, measured in the same rounds, each machine's log
+    values on its own AR(1) process: no drift is common to both, so none cancels.
+
+    With `earlier_rounds`, an earlier gate of as many rounds between the same two machines (no change) measured
+    their correlation first, and the gate is given it (the module's serial_correlation)."""
+
+    def __init__(self, rng, spread, correlation, worsening_log, direction, earlier_rounds=0):
+        self.rng = rng
+        self.spread = spread
+        self.correlation = correlation
+        self.innovation = spread * math.sqrt(1 - correlation**2)
+        self.candidate_shift = 0.0
+        self.levels = [rng.gauss(0.0, spread), rng.gauss(0.0, spread)]
+        earlier = [next(self) for _round in range(earlier_rounds)]
+        self.earlier = gate.serial_correlation([math.log(after / before) for before, after in earlier])
+        self.levels = [rng.gauss(0.0, spread), rng.gauss(0.0, spread)]
+        self.candidate_shift = -worsening_log if direction == gate.HIGHER_IS_BETTER else worsening_log
+
+    def least_correlation(self) -> float:
+        return self.earlier
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        reference, candidate = self.levels
+        self.levels = [self.correlation * level + self.rng.gauss(0.0, self.innovation) for level in self.levels]
+        return 1000 * math.exp(reference), 1000 * math.exp(candidate + self.candidate_shift)
 
 
 def worsening_log(percent: float, direction: str) -> float:
@@ -217,6 +246,8 @@ def one_gate(model, settings, direction, percent, metrics, rng) -> tuple[str, in
     sources = [
         model(rng, worsening_log(percent, direction) if index == 0 else 0.0, direction) for index in range(metrics)
     ]
+    if hasattr(sources[0], "least_correlation"):
+        settings = dataclasses.replace(settings, least_correlation=sources[0].least_correlation())
     series = [
         {"name": f"metric {index}", "direction": direction, "reference": [], "candidate": []}
         for index in range(metrics)
@@ -297,6 +328,33 @@ def correlated_lines(rounds_of, spread, correlation, settings, args, rng) -> lis
         f"| {spread:.3f} | {correlation:.2f} | {settings.max_rounds} | {percent}% | {columns} |"
         f" {cell['mean_rounds']:.1f} |"
         for percent, cell, columns in decided(rounds_of, settings, gate.HIGHER_IS_BETTER, 1, args, rng)
+    ]
+
+
+def correlated_tables(settings, args) -> list:
+    """Tables 4-6: (title, rounds_of(rng, spread, correlation, worsening, direction)) each."""
+    max_rounds = settings.max_rounds
+    return [
+        (
+            f"4. Unpaired, one metric: the old instance's {max_rounds} rounds measured first, {args.gap_rounds} rounds'"
+            " time for the switch, then the candidate's, round N against round N; one server's log values on an AR(1)"
+            " process of the given spread and lag-one correlation:",
+            lambda rng, spread, correlation, worsening, direction: OldInstanceFirst(
+                rng, spread, correlation, max_rounds, args.gap_rounds, worsening, direction
+            ),
+        ),
+        (
+            "5. A peer on another machine, one metric: both measured in the same rounds, each machine's log values on"
+            " its own AR(1) process of the given spread and lag-one correlation:",
+            PeerRounds,
+        ),
+        (
+            f"6. The peer of table 5, given the correlation that an earlier gate of {max_rounds} rounds between the"
+            " same two machines measured (serial_correlation):",
+            lambda rng, spread, correlation, worsening, direction: PeerRounds(
+                rng, spread, correlation, worsening, direction, max_rounds
+            ),
+        ),
     ]
 
 
@@ -424,35 +482,17 @@ def main() -> None:
             )
             print("\n".join(table_lines(row, enough, 1, args, rng)))
     if args.correlated:
-        print()
-        print(
-            f"4. Unpaired, one metric: the old instance's {settings.max_rounds} rounds measured first,"
-            f" {args.gap_rounds} rounds' time for the switch, then the candidate's, round N against round N; one"
-            " server's log values on an AR(1) process of the given spread and lag-one correlation:"
-        )
-        print()
-        print("\n".join(CORRELATED_HEAD))
-        for spread, correlation in args.correlated:
+        for title, rounds_of in correlated_tables(settings, args):
+            print()
+            print(title)
+            print()
+            print("\n".join(CORRELATED_HEAD))
+            for spread, correlation in args.correlated:
 
-            def unpaired(model_rng, worsening, direction, spread=spread, correlation=correlation):
-                return unpaired_rounds(
-                    model_rng, spread, correlation, settings.max_rounds, args.gap_rounds, worsening, direction
-                )
+                def source(model_rng, worsening, direction, spread=spread, correlation=correlation, of=rounds_of):
+                    return of(model_rng, spread, correlation, worsening, direction)
 
-            print("\n".join(correlated_lines(unpaired, spread, correlation, settings, args, rng)))
-        print()
-        print(
-            "5. A peer on another machine, one metric: both measured in the same rounds, each machine's log values on"
-            " its own AR(1) process of the given spread and lag-one correlation:"
-        )
-        print()
-        print("\n".join(CORRELATED_HEAD))
-        for spread, correlation in args.correlated:
-
-            def peer(model_rng, worsening, direction, spread=spread, correlation=correlation):
-                return peer_rounds(model_rng, spread, correlation, worsening, direction)
-
-            print("\n".join(correlated_lines(peer, spread, correlation, settings, args, rng)))
+                print("\n".join(correlated_lines(source, spread, correlation, settings, args, rng)))
     print()
     print(f"Ran in {time.monotonic() - began:.0f} s.")
 

@@ -21,8 +21,11 @@ Steps (in this order; --steps picks some, e.g. to split the run over two GPU com
   kill      SIGKILL of the engine core under 16 streams: systemd restarts the unit, status.yml says how it died
   share     two processes sharing a CUDA tensor under the unit's sandbox, with and without expandable segments
   swap      swap.yml to host_b by stop, back to host_a by sleep, then to host_broken, rolled back by wake-up
-  rollout   rollout.yml to host_b (neutral), gated against the old instance measured first
-  rollout_regression  rollout.yml from host_b to host_slow (a regression), gated the same way: rolled back
+  rollout   rollout.yml to host_b (neutral), started beside host_a on port 8001 and gated against it in the same
+            rounds (vllm_swap_mode=beside)
+  rollout_regression  rollout.yml from host_b to host_slow (a regression) beside it on port 8000, gated the same
+            way: rolled back, host_b serving throughout
+  rollout_back  rollout.yml from host_b back to host_a beside it on port 8000 (neutral again)
   tune      tune.yml of host_a: a measured candidate, one the planner refuses, one that fails to start; then
             with host_b in its place, a tune of host_a refused before any change
   end       stop.yml of every instance; the units' state
@@ -86,7 +89,8 @@ HOST_SH = ROOT / "scripts" / "gpu-host" / "host.sh"
 STREAM_CLIENTS = ROOT / "tests" / "integration" / "stream_clients.py"
 # The tune last of the host's life: it takes longest (a GPU command that runs out of time loses the last steps).
 STEPS = (
-    "weights", "deploy", "bench", "stop", "kill", "share", "swap", "rollout", "rollout_regression", "tune", "end",
+    "weights", "deploy", "bench", "stop", "kill", "share", "swap", "rollout", "rollout_regression", "rollout_back",
+    "tune", "end",
     "start_seed", "fleet_seed", "serve_seed", "fail_seed", "seed_disk", "prefetch", "start_a", "probe", "startup_a",
     "startup_seed",
 )  # fmt: skip
@@ -774,31 +778,55 @@ def step_tune(results: Results, host: GpuHost, args):
     return outcome
 
 
+GATE_METRIC_FIELDS = (
+    "name",
+    "decision",
+    "change_percent",
+    "interval_percent",
+    "rounds",
+    "spread",
+    "serial_correlation",
+    "effective_rounds",
+    "reference",
+    "candidate",
+)
+# Both instances on the one GPU (0.4 of it each), the old one serving until the new one has passed its gate.
 ROLLOUT_GATE = {
-    "vllm_rollout_gate_measure_old": True,
+    "vllm_swap_mode": "beside",
     "vllm_swap_gate_num_requests": 32,
     "vllm_swap_gate_output_len": 64,
 }
 
 
 def step_rollout(results: Results, host: GpuHost, args):
-    """rollout.yml of the one host to host_b (the same weights, another name: neutral). No peer and no saved
-    baseline, so the gate measures the old instance in rounds first."""
-    gated_rollout(results, host, args, "neutral", "host_b")
+    """rollout.yml of the one host to host_b (the same weights, another name: neutral), beside host_a: the gate
+    measures both in the same rounds."""
+    gated_rollout(results, host, args, "neutral", "host_b", replace="host_a", port=8001)
 
 
 def step_rollout_regression(results: Results, host: GpuHost, args):
     """rollout.yml from host_b to host_slow (one sequence at a time: a regression), gated as step_rollout is."""
-    gated_rollout(results, host, args, "regression", "host_slow")
+    gated_rollout(results, host, args, "regression", "host_slow", replace="host_b", port=8000)
 
 
-def gated_rollout(results: Results, host: GpuHost, args, name: str, model: str):
+def step_rollout_back(results: Results, host: GpuHost, args):
+    """rollout.yml from host_b back to host_a (neutral again), gated as step_rollout is."""
+    gated_rollout(results, host, args, "back", "host_a", replace="host_b", port=8000)
+
+
+def gated_rollout(results: Results, host: GpuHost, args, name: str, model: str, replace: str, port: int):
     gate = {
         **ROLLOUT_GATE,
+        "vllm_swap_replace": replace,
+        "vllm_swap_port": port,
         "vllm_swap_gate_smallest_regression_percent": args.gate_percent,
         "vllm_swap_gate_max_rounds": args.gate_rounds,
     }
+    served_before = service_started(host, replace)
     outcome = run_step(results, host, "rollout", name, "rollout.yml", {"model": model}, gate, unit=unit_of(model))
+    # Beside: the old instance's process never restarted, whatever the gate answered.
+    restarted = {"before": served_before, "after": service_started(host, replace)}
+    results.add("rollout", f"{name}_old_instance_started_at", restarted)
     results.add(
         "rollout", f"{name}_gates", [gate_figures(result) for result in results_of(outcome["report"], "vllm_gate")]
     )
@@ -809,12 +837,14 @@ def gated_rollout(results: Results, host: GpuHost, args, name: str, model: str):
     )
 
 
+def service_started(host: GpuHost, instance: str) -> str:
+    """When the instance's main process last started, as systemd says (empty when it is not running)."""
+    return host.exec("systemctl", "show", "-P", "ExecMainStartTimestamp", unit_of(instance)).strip()
+
+
 def gate_figures(result: dict) -> dict:
     """What a vllm_gate task answered: the old instance's rounds recorded, or the new one's decision."""
-    metrics = [
-        {key: metric.get(key) for key in ("name", "decision", "change_percent", "interval_percent", "rounds", "spread")}
-        for metric in result.get("metrics") or []
-    ]
+    metrics = [{key: metric.get(key) for key in GATE_METRIC_FIELDS} for metric in result.get("metrics") or []]
     figures = {key: result.get(key) for key in ("mode", "decision", "rounds", "seconds", "seconds_per_round", "spread")}
     return {**figures, "metrics": metrics, "sentence": result.get("sentence") or result.get("msg")}
 

@@ -51,6 +51,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils.service.systemd import
 )
 from ansible_collections.llmops.vllm.plugins.module_utils.swap.bookkeeping import (
     SwapError,
+    beside_plan,
     budget_spent,
     gate_offer,
     gate_reference,
@@ -117,6 +118,7 @@ class FilterModule:
             "vllm_swap_outcome": _as_filter_error(swap_outcome),
             "vllm_swap_result": _as_filter_error(swap_result),
             "vllm_swap_sleep_plan": _as_filter_error(sleep_plan),
+            "vllm_swap_beside_plan": _as_filter_error(beside_plan),
             "vllm_swap_to_deploy": _as_filter_error(to_deploy),
             "vllm_task_failure": task_failure,
             "vllm_rollout_batches": _as_filter_error(rollout_batches),

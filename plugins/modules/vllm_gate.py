@@ -16,9 +16,10 @@ description:
     It stops at the first answer, at O(max_rounds), or when the next round would end past O(time_budget_s).
   - The answer is C(pass) (no regression of O(smallest_regression_percent) or more in any metric), C(regress) (one
     at least), or C(unknown) (the rounds spread too much to tell within the rounds or time allowed). False alarms
-    happen at most O(false_alarm_rate) of the time over all the metrics, misses at most O(miss_rate) per metric,
-    where the rounds are independent of each other; rounds whose speed runs in spells of several rounds on each
-    machine raise both.
+    happen at most O(false_alarm_rate) of the time over all the metrics, misses at most O(miss_rate) per metric.
+    Rounds whose speed runs in spells of several rounds are worth fewer independent rounds, so the test estimates
+    their lag-one correlation and weighs them as what they are worth; spells then widen the interval and ask for
+    more rounds (or end in C(unknown)) rather than raise false alarms.
   - One round of each side gives one value per metric, so drift common to both sides within a round cancels in
     their ratio. Rounds of one server differ by up to a third, which is why a single benchmark against a saved
     result cannot gate a release.
@@ -141,6 +142,15 @@ options:
   seconds_per_round:
     description: The seconds of one round that an earlier gate measured (its RV(seconds_per_round)), for the plan.
     type: float
+  serial_correlation:
+    description:
+      - The lag-one correlation of the rounds that an earlier gate on such hosts measured (its RV(serial_correlation)),
+        from 0 to 0.9. The test never weighs the rounds as less correlated than this, and the plan counts with it.
+        A correlation estimated from the first few rounds of a gate is often low by chance, and that is when spells
+        raise false alarms.
+      - Against a O(baseline), the saved rounds' own correlation counts too, where it is higher.
+    type: float
+    default: 0
   fail_on:
     description:
       - The answers that fail the task, with the whole result. V(unknown) is in by default, because an unknown
@@ -262,8 +272,9 @@ mode:
 metrics:
   description:
     - Per metric, its answer, its change in percent of the reference with a two-sided interval at C(confidence)
-      (C(interval_percent), null before two rounds), the rounds it used, the spread of its paired log ratios, and the
-      values of each round (C(reference), C(candidate)).
+      (C(interval_percent), null before two rounds), the rounds it used, the spread of its paired log ratios, their
+      lag-one correlation (C(serial_correlation), 0 for independent rounds) and the independent rounds they are
+      worth (C(effective_rounds)), and the values of each round (C(reference), C(candidate)).
   returned: unless in check mode
   type: list
   elements: dict
@@ -276,6 +287,8 @@ metrics:
       change_percent: -41.8
       interval_percent: [-47.0, -36.1]
       spread: 0.06
+      serial_correlation: 0.0
+      effective_rounds: 5.0
       reference: [2210.0, 2350.1, 2190.4, 2301.9, 2260.0]
       candidate: [1302.2, 1350.0, 1290.8, 1330.1, 1301.7]
       sentence: "output_throughput: regress after 5 of at most 40 rounds (...)"
@@ -301,6 +314,13 @@ spread:
   returned: unless in check mode
   type: float
   sample: 0.061
+serial_correlation:
+  description:
+    - The largest metric's lag-one correlation of the paired log ratios as the test weighed them (bias-corrected, at
+      least O(serial_correlation)), for O(serial_correlation) next time; null before two rounds.
+  returned: unless in check mode
+  type: float
+  sample: 0.0
 stopped_by:
   description: V(decision), V(max_rounds) or V(time_budget).
   returned: unless in check mode
@@ -407,6 +427,7 @@ def argument_spec():
         "time_budget_s": {"type": "float", "default": 1800},
         "spread": {"type": "float"},
         "seconds_per_round": {"type": "float"},
+        "serial_correlation": {"type": "float", "default": 0},
         "fail_on": {
             "type": "list",
             "elements": "str",
@@ -431,7 +452,9 @@ def argument_spec():
 def check_params(params) -> tuple[GateSettings, dict]:
     """The gate's settings and the metrics' directions, every option checked before a record is read; BenchError."""
     try:
-        settings = GateSettings(**{name: params[name] for name in GATE_SETTINGS})
+        settings = GateSettings(
+            **{name: params[name] for name in GATE_SETTINGS}, least_correlation=params["serial_correlation"]
+        )
     except ValueError as error:
         raise BenchError(str(error)) from None
     directions = metric_directions(params["metrics"])
@@ -531,6 +554,11 @@ def main():
         if mode == BASELINE:
             saved = read_saved(params["baseline"], "baseline")
             reference_rounds, settings = baseline_rounds(saved, directions, settings)
+            if settings.least_correlation > params["serial_correlation"]:
+                result["notes"].append(
+                    f"the baseline's own rounds ran in spells (lag-one correlation {settings.least_correlation:.2f}):"
+                    " the rounds are weighed as the fewer independent rounds they are worth"
+                )
             mismatches = baseline_mismatches(saved, environment, workload)
             if mismatches and not params["allow_baseline_mismatch"]:
                 raise BenchError(

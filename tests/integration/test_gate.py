@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import MODULE_TIMEOUT, ROOT, remove_instances, unfolded
+from .conftest import MODULE_TIMEOUT, ROOT, main_started_at, remove_instances, unfolded
 
 CATALOG = str(Path(__file__).resolve().parent / "catalog")
 # Short rounds: a round of both servers takes a few seconds here.
@@ -95,28 +95,33 @@ def test_a_regression_made_on_purpose_is_rolled_back_with_the_gate_s_interval(fl
 
 
 @pytest.fixture
-def narrow_swap_alone(fleet):
+def narrow_swap_beside(fleet):
     first = fleet.hosts[0]
-    settings = {**NARROW_GATE, "vllm_swap_gate_measure_old": True}
+    started_at = main_started_at(first, "vllm-tiny.service")
+    settings = {**NARROW_GATE, "vllm_swap_mode": "beside", "vllm_swap_port": 8001, "vllm_swap_replace": "tiny"}
     proc = first.playbook("playbooks/swap.yml", "-e", "model=tiny_narrow", "-e", json.dumps(settings))
-    yield proc
+    yield proc, started_at
     remove_instances(first, "tiny_narrow")
 
 
-def test_a_swap_with_no_peer_is_gated_against_the_old_instance_measured_before_it(fleet, narrow_swap_alone):
+def test_a_swap_beside_the_old_instance_gates_against_it_and_rolls_back_without_stopping_it(fleet, narrow_swap_beside):
     first = fleet.hosts[0]
-    output = unfolded(narrow_swap_alone)
+    proc, started_at = narrow_swap_beside
+    output = unfolded(proc)
     print(output[-3000:])
-    assert narrow_swap_alone.returncode == 2, output[-6000:]
-    assert "Measure in the gate's rounds, while it serves, the old instance tiny" in output, output[-6000:]
+    assert proc.returncode == 2, output[-6000:]
+    assert "Gate the new instance against the old one serving beside it, tiny" in output, output[-6000:]
     found = re.search(
         r"gate: regress in (?P<rounds>\d+) rounds: output_throughput (?P<change>[-+][0-9.]+)%"
         r" \[(?P<low>[-+][0-9.]+)%, (?P<high>[-+][0-9.]+)%\]",
         output,
     )
     assert found, output[-6000:]
-    assert float(found["high"]) < 0 and 5 <= int(found["rounds"]) <= 12, found.groupdict()
-    # Unpaired and across two entries, both said; then the rollback, and tiny serves again.
-    assert "against a saved baseline, unpaired" in output and "'tiny' then, 'tiny_narrow' now" in output
-    assert "Gate the new instance against the rounds of tiny" in output and "rolled back, tiny serves again" in output
+    # Paired in the same rounds on one machine: the interval brackets the cost measured beforehand.
+    low, high = float(found["low"]), float(found["high"])
+    assert high < 0 and low <= MEASURED_CHANGE_PERCENT <= high and 5 <= int(found["rounds"]) <= 12, found.groupdict()
+    assert "against a saved baseline" not in output and "rolled back, tiny serves again" in output
+    # tiny served throughout: its main process is the one that started before the swap; tiny_narrow is stopped.
     assert first.sh("systemctl is-active vllm-tiny.service", check=False).stdout.strip() == "active"
+    assert main_started_at(first, "vllm-tiny.service") == started_at
+    assert first.sh("systemctl is-active vllm-tiny_narrow.service", check=False).stdout.strip() != "active"

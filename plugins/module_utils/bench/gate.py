@@ -14,12 +14,20 @@ cases after a few rounds, unclear ones at `max_rounds` as unknown. The false-ala
 metrics gated (Bonferroni), so that it holds for the gate as a whole; the miss rate holds per metric, half of it
 for wrong passes and half for unknowns at `max_rounds` (sized by `plan_rounds`).
 
+Rounds are not always independent: a machine's speed runs in spells of several rounds, which the pairing cancels
+only where both servers share them. Each test therefore estimates the rounds' lag-one correlation and weighs the
+rounds as the fewer independent rounds they are worth (n (1 - r) / (1 + r), as an AR(1) process's mean is), in its
+evidence and in its interval: spells widen the interval and ask for more rounds instead of raising false alarms.
+A correlation estimated from a few rounds is often low by chance, just where the rounds mislead; one measured
+before (`least_correlation`: an earlier gate's, or a saved baseline's own rounds) holds it up.
+
 Pure functions on plain data, standard library only: it runs inside Ansible modules on any host.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import statistics
 from dataclasses import dataclass
@@ -39,6 +47,8 @@ WRONG_PASS_SHARE = 0.5
 SMALL_SAMPLE_ROUNDS = 2
 # Fewer rounds leave no evidence after that correction.
 FEWEST_ROUNDS = SMALL_SAMPLE_ROUNDS + 1
+# The highest lag-one correlation of the rounds that the gate believes: at 0.9 forty rounds are worth two.
+MOST_CORRELATION = 0.9
 
 
 @dataclass(frozen=True)
@@ -50,9 +60,15 @@ class GateSettings:
     miss_rate: float = 0.05
     min_rounds: int = 5
     max_rounds: int = 40
+    least_correlation: float = 0.0
 
     def __post_init__(self):
         check_number("smallest_regression_percent", self.smallest_regression_percent, 0, 100)
+        value = self.least_correlation
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MOST_CORRELATION:
+            raise ValueError(
+                f"least_correlation must be a lag-one correlation from 0 to {MOST_CORRELATION:g}, got {value!r}"
+            )
         check_number("false_alarm_rate", self.false_alarm_rate, 0, 0.5)
         check_number("miss_rate", self.miss_rate, 0, 0.5)
         for name in ("min_rounds", "max_rounds"):
@@ -143,22 +159,55 @@ def worsening(log_ratios: list, direction: str) -> list:
     return [sign * value for value in log_ratios]
 
 
-def log_likelihood_ratio(count: int, total: float, total_of_squares: float, threshold: float) -> float:
+def serial_correlation(values: list) -> float:
+    """The rounds' lag-one correlation, corrected for its bias in few rounds, held within [0, MOST_CORRELATION].
+
+    The sample autocorrelation r of n values around their own mean falls short of an AR(1) process's rho by about
+    (1 + 3 rho) / n; (n r + 1) / (n - 3) undoes that. A negative correlation (the interleaved order alternating) is
+    read as none: it would only lend the rounds more weight than independent ones.
+    """
+    count = len(values)
+    if count <= 3:
+        return 0.0
+    mean = math.fsum(values) / count
+    deviations = [value - mean for value in values]
+    squares = math.fsum(value * value for value in deviations)
+    if squares == 0:
+        return 0.0
+    lagged = math.fsum(first * second for first, second in itertools.pairwise(deviations))
+    corrected = (count * lagged / squares + 1) / (count - 3)
+    return min(max(corrected, 0.0), MOST_CORRELATION)
+
+
+def effective_rounds(count: int, correlation: float) -> float:
+    """What `count` rounds of an AR(1) process with this lag-one correlation are worth in independent rounds."""
+    return count * (1 - correlation) / (1 + correlation)
+
+
+def log_likelihood_ratio(
+    count: int, total: float, total_of_squares: float, threshold: float, correlation: float = 0.0
+) -> float:
     """Log likelihood ratio of "a regression of `threshold` or more" against "none or an improvement".
 
     Normal rounds of unknown variance, each hypothesis at its best-fitting mean (the rounds' mean, held to at most 0,
-    or at least the threshold) and variance: (n/2) ln(S0 / S1), Sk the sum of squared deviations from hypothesis k's
-    mean. Fitting within each side, not at the two points, lets a large regression or a clear improvement decide
-    in a few rounds, where point hypotheses both fit badly and absorb the misfit into the variance.
+    or at least the threshold) and variance: (n/2) ln(S0 / S1), where Sk = S + n (mean - mu_k)^2 is the sum of
+    squared deviations from hypothesis k's mean, S the rounds' own. Fitting within each side, not at the two points,
+    lets a large regression or a clear improvement decide in a few rounds, where point hypotheses both fit badly and
+    absorb the misfit into the variance.
     The factor is (n - 2)/2, not n/2: estimated from few rounds, the variance makes the plain ratio cross too soon
     (false alarms of 7% where 5% were asked, at spreads twice the threshold); two rounds' worth of evidence less
     keeps them under (benchmarks/results/gate-simulation.md).
+    Rounds correlated in time: their mean wanders n / effective_rounds times as far as independent rounds' would, so
+    each distance n (mean - mu_k)^2 is weighed against that much more variance. Near the boundaries, where the
+    decision is close, the ratio then shrinks by that factor; a clear case, far from them, still decides at once.
     """
     mean = total / count
     none_mean = min(mean, 0.0)
     regression_mean = max(mean, threshold)
-    from_none = total_of_squares - 2 * none_mean * total + count * none_mean**2
-    from_regression = total_of_squares - 2 * regression_mean * total + count * regression_mean**2
+    own = total_of_squares - 2 * mean * total + count * mean**2
+    inflation = count / effective_rounds(count, correlation)
+    from_none = own + count * (mean - none_mean) ** 2 / inflation
+    from_regression = own + count * (mean - regression_mean) ** 2 / inflation
     if from_regression <= 0:
         return math.inf
     if from_none <= 0:
@@ -172,12 +221,18 @@ def boundaries(false_alarm_rate: float, miss_rate: float) -> tuple[float, float]
 
 
 def sequential_test(
-    worse_log_ratios: list, threshold: float, false_alarm_rate: float, miss_rate: float, min_rounds: int
+    worse_log_ratios: list,
+    threshold: float,
+    false_alarm_rate: float,
+    miss_rate: float,
+    min_rounds: int,
+    least_correlation: float = 0.0,
 ):
     """Wald's SPRT over the rounds in order: (decision, rounds used, log likelihood ratio at that round).
 
     The decision is pass or regress at the first round from `min_rounds` on where the ratio leaves Wald's boundaries,
-    else unknown after all the rounds given.
+    else unknown after all the rounds given. The rounds' serial correlation is estimated anew at each round, and
+    taken as `least_correlation` where it comes out lower.
     """
     lower, upper = boundaries(false_alarm_rate, miss_rate)
     total = total_of_squares = 0.0
@@ -187,7 +242,8 @@ def sequential_test(
         total_of_squares += value * value
         if count < min_rounds:
             continue
-        ratio = log_likelihood_ratio(count, total, total_of_squares, threshold)
+        correlation = max(serial_correlation(worse_log_ratios[:count]), least_correlation)
+        ratio = log_likelihood_ratio(count, total, total_of_squares, threshold, correlation)
         if ratio >= upper:
             return REGRESS, count, ratio
         if ratio <= lower:
@@ -201,11 +257,17 @@ def spread_of(log_ratios: list) -> float:
     return math.sqrt(math.fsum((value - mean) ** 2 for value in log_ratios) / (len(log_ratios) - 1))
 
 
-def change_interval(log_ratios: list, spread: float, confidence: float) -> tuple[float, float, float]:
-    """The candidate's change in percent, with a two-sided t interval on the mean log ratio: (estimate, low, high)."""
+def change_interval(
+    log_ratios: list, spread: float, confidence: float, correlation: float = 0.0
+) -> tuple[float, float, float]:
+    """The candidate's change in percent, with a two-sided t interval on the mean log ratio: (estimate, low, high).
+
+    Rounds correlated in time count as the independent rounds they are worth in the interval's width.
+    """
     count = len(log_ratios)
     mean = math.fsum(log_ratios) / count
-    half_width = student_t_quantile((1 + confidence) / 2, count - 1) * spread / math.sqrt(count)
+    worth = effective_rounds(count, correlation)
+    half_width = student_t_quantile((1 + confidence) / 2, count - 1) * spread / math.sqrt(worth)
     return tuple(100 * math.expm1(value) for value in (mean, mean - half_width, mean + half_width))
 
 
@@ -262,6 +324,7 @@ def judge_metric(metric: dict, settings: GateSettings, false_alarm_rate: float) 
         false_alarm_rate,
         WRONG_PASS_SHARE * settings.miss_rate,
         settings.min_rounds,
+        settings.least_correlation,
     )
     judged = {
         "name": metric["name"],
@@ -273,12 +336,21 @@ def judge_metric(metric: dict, settings: GateSettings, false_alarm_rate: float) 
         "change_percent": None,
         "interval_percent": None,
         "spread": None,
+        "serial_correlation": None,
+        "effective_rounds": None,
     }
     used = log_ratios[:rounds_used]
     if len(used) >= 2:
         spread = spread_of(used)
-        estimate, low, high = change_interval(used, spread, 1 - false_alarm_rate)
-        judged.update(change_percent=estimate, interval_percent=[low, high], spread=spread)
+        correlation = max(serial_correlation(used), settings.least_correlation)
+        estimate, low, high = change_interval(used, spread, 1 - false_alarm_rate, correlation)
+        judged.update(
+            change_percent=estimate,
+            interval_percent=[low, high],
+            spread=spread,
+            serial_correlation=correlation,
+            effective_rounds=effective_rounds(len(used), correlation),
+        )
     judged["sentence"] = describe_metric(judged, settings)
     return judged
 
@@ -294,6 +366,11 @@ def describe_metric(judged: dict, settings: GateSettings) -> str:
             f"candidate {judged['change_percent']:+.1f}% against the reference, "
             f"{100 * judged['confidence']:g}% interval [{low:+.1f}%, {high:+.1f}%]"
         )
+        if judged["serial_correlation"]:
+            measured += (
+                f"; rounds correlated in time ({judged['serial_correlation']:.2f}), worth"
+                f" {judged['effective_rounds']:.1f} independent rounds"
+            )
     return (
         f"{judged['name']}: {judged['decision']} after {judged['rounds']} of at most {settings.max_rounds} rounds"
         f" ({measured}; {limit})"
@@ -363,6 +440,10 @@ def rounds_to_leave(boundary: float, error_rate: float, effect: float) -> float:
     return ((z + math.sqrt(z**2 + 2 * abs(boundary))) / effect) ** 2
 
 
+def correlation_words(correlation: float) -> str:
+    return f", correlated in time by {correlation:g}" if correlation else ""
+
+
 def plan_rounds(
     spread: float,
     settings: GateSettings | None = None,
@@ -376,9 +457,10 @@ def plan_rounds(
     of the paired ratio, measured on the host. Expected rounds are Wald's approximations for a normal mean of known
     variance, with no change and with the smallest regression. The rounds needed at most are those after which the
     test has left its boundaries, under either hypothesis, but for the share of the miss rate left to unknowns
-    (WRONG_PASS_SHARE), bounded with the normal law of the log likelihood ratio at that round. Refuses, with a
-    ValueError that names the setting to change, settings whose rounds exceed max_rounds or whose time exceeds
-    time_budget_s.
+    (WRONG_PASS_SHARE), bounded with the normal law of the log likelihood ratio at that round. Rounds correlated in
+    time (settings.least_correlation) bring less evidence each, as the fewer independent rounds they are worth.
+    Refuses, with a ValueError that names the setting to change, settings whose rounds exceed max_rounds or whose
+    time exceeds time_budget_s.
     """
     settings = settings or GateSettings()
     check_number("spread", spread, 0, math.inf)
@@ -397,13 +479,14 @@ def plan_rounds(
     threshold = regression_log_threshold(settings.smallest_regression_percent, LOWER_IS_BETTER)
     lower, upper = boundaries(false_alarm_rate, wrong_pass_rate)
     # Evidence per round: the log likelihood ratio moves by +-threshold^2 / (2 spread^2) on average, after the
-    # rounds that the small-sample correction forgoes.
-    evidence_per_round = threshold**2 / (2 * spread**2)
+    # rounds that the small-sample correction forgoes; rounds in spells weigh as independent ones of a wider spread.
+    independent_spread = spread / math.sqrt(effective_rounds(1, settings.least_correlation))
+    evidence_per_round = threshold**2 / (2 * independent_spread**2)
     expected_no_change = (false_alarm_rate * upper + (1 - false_alarm_rate) * lower) / -evidence_per_round
     expected_regression = ((1 - wrong_pass_rate) * upper + wrong_pass_rate * lower) / evidence_per_round
     most = max(
-        rounds_to_leave(upper, unknown_rate, threshold / spread),
-        rounds_to_leave(lower, unknown_rate, threshold / spread),
+        rounds_to_leave(upper, unknown_rate, threshold / independent_spread),
+        rounds_to_leave(lower, unknown_rate, threshold / independent_spread),
     )
     floor = settings.min_rounds
     plan = {
@@ -417,7 +500,8 @@ def plan_rounds(
     }
     if plan["most_rounds"] > settings.max_rounds:
         raise ValueError(
-            f"max_rounds ({settings.max_rounds}) is too few: with rounds that spread by {spread:g} (log ratio), the"
+            f"max_rounds ({settings.max_rounds}) is too few: with rounds that spread by {spread:g} (log ratio"
+            f"{correlation_words(settings.least_correlation)}), the"
             f" gate needs up to {plan['most_rounds']} rounds to tell a {settings.smallest_regression_percent:g}%"
             f" regression from none with false alarms below {100 * settings.false_alarm_rate:g}% over {metrics}"
             f" metric(s) and misses below {100 * settings.miss_rate:g}%; raise max_rounds, raise"

@@ -29,6 +29,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils.bench.gate import (
     LOWER_IS_BETTER,
     GateSettings,
     gate,
+    serial_correlation,
 )
 from ansible_collections.llmops.vllm.plugins.module_utils.bench.statistics import is_higher_better
 
@@ -181,7 +182,9 @@ def baseline_of(run: dict, environment: dict, workload: dict) -> dict:
 
 def baseline_rounds(saved: dict, directions: dict, settings: GateSettings) -> tuple[dict, GateSettings]:
     """The saved rounds of each metric to gate, and the settings with max_rounds cut to the rounds saved (a round of
-    the candidate needs a saved round to pair with); BenchError for a baseline that cannot serve."""
+    the candidate needs a saved round to pair with) and least_correlation raised to the saved rounds' own lag-one
+    correlation (spells of the machine then recur in the candidate's rounds, and the whole baseline tells them better
+    than the first rounds of a gate); BenchError for a baseline that cannot serve."""
     if saved.get("kind") != BASELINE_KIND or not isinstance(saved.get("metrics"), dict):
         raise BenchError(
             "the baseline must be the `baseline` of a vllm_gate result (kind: llmops.vllm.vllm_gate baseline), as"
@@ -206,7 +209,12 @@ def baseline_rounds(saved: dict, directions: dict, settings: GateSettings) -> tu
             f"the baseline holds {count} rounds, fewer than min_rounds ({settings.min_rounds}); record one with at"
             " least max_rounds rounds"
         )
-    return rounds, dataclasses.replace(settings, max_rounds=min(settings.max_rounds, count))
+    own_correlation = max(serial_correlation([math.log(value) for value in values]) for values in rounds.values())
+    return rounds, dataclasses.replace(
+        settings,
+        max_rounds=min(settings.max_rounds, count),
+        least_correlation=max(settings.least_correlation, own_correlation),
+    )
 
 
 def baseline_mismatches(saved: dict, environment: dict, workload: dict) -> list:
@@ -226,6 +234,19 @@ def baseline_mismatches(saved: dict, environment: dict, workload: dict) -> list:
     return differences
 
 
+# What a summary keeps of each metric's judgement (gate.judge_metric), beside its change, rounds and sentence.
+JUDGED_FIELDS = (
+    "name",
+    "direction",
+    "decision",
+    "rounds",
+    "confidence",
+    "spread",
+    "serial_correlation",
+    "effective_rounds",
+)
+
+
 def summary_of(run: dict, directions: dict, settings: GateSettings, notes: list = ()) -> dict:
     """The answer for people and for the next gate: the decision, each metric's change with its interval and its
     rounds, the seconds, the measured spread (the largest metric's, for plan_rounds) and one sentence."""
@@ -240,12 +261,19 @@ def summary_of(run: dict, directions: dict, settings: GateSettings, notes: list 
         "notes": list(notes),
     }
     if answer is None:
-        summary.update(decision=None, finished=True, spread=None, metrics=[], sentence=_record_sentence(run, notes))
+        summary.update(
+            decision=None,
+            finished=True,
+            spread=None,
+            serial_correlation=None,
+            metrics=[],
+            sentence=_record_sentence(run, notes),
+        )
         return summary
     metrics = []
     for judged in answer["metrics"]:
         name = judged["name"]
-        metric = {key: judged[key] for key in ("name", "direction", "decision", "rounds", "confidence", "spread")}
+        metric = {key: judged[key] for key in JUDGED_FIELDS}
         metric.update(
             change_percent=judged["change_percent"],
             interval_percent=judged["interval_percent"],
@@ -256,6 +284,7 @@ def summary_of(run: dict, directions: dict, settings: GateSettings, notes: list 
             metric["reference"] = run["values"][REFERENCE][name]
         metrics.append(metric)
     spreads = [metric["spread"] for metric in metrics if metric["spread"] is not None]
+    correlations = [metric["serial_correlation"] for metric in metrics if metric["serial_correlation"] is not None]
     opening = list(notes)
     if run["stopped_by"] == TIME_BUDGET:
         opening.append(
@@ -266,6 +295,7 @@ def summary_of(run: dict, directions: dict, settings: GateSettings, notes: list 
         decision=answer["decision"],
         finished=answer["finished"],
         spread=max(spreads) if spreads else None,
+        serial_correlation=max(correlations) if correlations else None,
         metrics=metrics,
         sentence="; ".join([*opening, answer["sentence"]]) if opening else answer["sentence"],
     )

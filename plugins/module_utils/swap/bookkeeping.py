@@ -13,13 +13,14 @@ from __future__ import annotations
 import re
 
 from ansible_collections.llmops.vllm.plugins.module_utils.common.clock import seconds
+from ansible_collections.llmops.vllm.plugins.module_utils.gpu.memory import CUDA_RESERVED_MIB
 from ansible_collections.llmops.vllm.plugins.module_utils.plan.planner import DEFAULT_GPU_MEMORY_UTILIZATION
 from ansible_collections.llmops.vllm.plugins.module_utils.weights.page_cache import meminfo_bytes
 
 # A swap's results, and those that count against a rollout's failure budget.
 RESULTS = ("prepared", "refused", "unchanged", "swapped", "rolled back", "failed", "skipped")
 FAILED_RESULTS = ("refused", "rolled back", "failed")
-MODES = ("stop", "sleep")
+MODES = ("stop", "sleep", "beside")
 # vLLM's sleep mode over HTTP (/sleep, /wake_up, /is_sleeping) in the V1 engine, as its docs describe it since
 # 0.10; the collection has run it on 0.26 (CUDA, docs/fleet.md).
 SLEEP_MIN_RELEASE = (0, 10, 0)
@@ -104,14 +105,7 @@ def sleep_plan(old_records, new_instance, device, meminfo, weights_found, budget
     refusals = []
     if device == "cpu":
         refusals.append("vLLM's CPU build has no sleep mode (vLLM has it on CUDA, ROCm and XPU)")
-    groups = [record["instance"] for record in old_records if record.get("group")] + (
-        [new_instance.get("name", "the new instance")] if new_instance.get("group") else []
-    )
-    if groups:
-        refusals.append(
-            f"{', '.join(groups)} {'is a' if len(groups) == 1 else 'are'} multi-host group"
-            f"{'' if len(groups) == 1 else 's'}, whose members stop and start together"
-        )
+    refusals += group_refusals(old_records, new_instance)
     for record in old_records:
         name = record["instance"]
         if not record.get("sleep_mode"):
@@ -149,6 +143,53 @@ def sleep_plan(old_records, new_instance, device, meminfo, weights_found, budget
     }
 
 
+def group_refusals(old_records, new_instance) -> list:
+    """The refusal of a swap mode that moves one host's instance alone, where a multi-host group is involved."""
+    groups = [record["instance"] for record in old_records if record.get("group")]
+    if new_instance.get("group"):
+        groups.append(new_instance.get("name", "the new instance"))
+    if not groups:
+        return []
+    return [
+        f"{', '.join(groups)} {'is a' if len(groups) == 1 else 'are'} multi-host group"
+        f"{'' if len(groups) == 1 else 's'}, whose members stop and start together"
+    ]
+
+
+def beside_plan(old_records, new_instance, gpus) -> dict:
+    """Whether the new instance can start beside the instances it replaces, which serve on until it has passed its
+    gate (vllm_swap_mode=beside), checked before any change.
+
+    old_records: the records of the instances replaced; new_instance: the planned new instance (its `name`, `port`,
+    `gpus` and catalog `entry`); gpus: the host's GPUs as gpu_facts reads them (`index`, `memory_total_mib`,
+    `memory_used_mib`, read while the old instances serve), [] on a host without GPUs. Returns `refusals` (one
+    sentence each; empty when it can) and `fit_utilization`, the new instance's share of each of its GPUs, which
+    must be free beside what they hold.
+    """
+    refusals = group_refusals(old_records, new_instance)
+    for record in old_records:
+        if int(record["port"]) == int(new_instance["port"]):
+            refusals.append(
+                f"{record['instance']} serves on port {record['port']} until the new instance has passed its gate:"
+                " the new instance needs a port of its own (vllm_swap_port)"
+            )
+    entry = new_instance.get("entry") or {}
+    utilization = float(entry.get("gpu_memory_utilization") or DEFAULT_GPU_MEMORY_UTILIZATION)
+    wanted = set(new_instance.get("gpus") or []) or {gpu["index"] for gpu in gpus}
+    for gpu in gpus:
+        if gpu["index"] not in wanted:
+            continue
+        total, used = gpu["memory_total_mib"], gpu["memory_used_mib"]
+        needed = round(utilization * total)
+        if used + needed + CUDA_RESERVED_MIB > total:
+            refusals.append(
+                f"GPU {gpu['index']} holds {used} of {total} MiB while the old instances serve, and the new one's"
+                f" share ({utilization:g}, {needed} MiB) does not fit beside them: lower its gpu_memory_utilization,"
+                " or swap by stop or sleep"
+            )
+    return {"refusals": refusals, "fit_utilization": utilization}
+
+
 def to_deploy(planned, mode, device) -> list:
     """The new instance as the vllm_deploy role takes it, in a list: a swap in sleep mode on a build that has it
     starts it with sleep mode, so that the next swap can put it to sleep too."""
@@ -164,15 +205,24 @@ def _models(records) -> str:
 
 
 def swap_outcome(
-    result, model, old=(), sleep=None, sleeping=False, keep_asleep=False, skip_reason="", failure="", rollback=""
+    result,
+    model,
+    old=(),
+    sleep=None,
+    sleeping=False,
+    keep_asleep=False,
+    skip_reason="",
+    failure="",
+    rollback="",
+    beside=False,
 ) -> dict:
     """A swap's outcome for people, {result, msg, asleep}, as the switch-over ends.
 
     result: unchanged (skipped when a skip_reason is given: the new instance is prepared and left stopped),
     swapped, refused, rolled back or failed. old: the records of the instances replaced; sleep: the sleep plan
     (its refusals, when sleep mode was asked for and the old instances stopped instead); sleeping: they slept;
-    keep_asleep: they are left asleep. failure: what made the swap fail (refused, rolled back, failed); rollback:
-    what made the rollback fail too.
+    keep_asleep: they are left asleep; beside: they served beside the new one until it was gated. failure: what
+    made the swap fail (refused, rolled back, failed); rollback: what made the rollback fail too.
     """
     asleep = []
     if result == "unchanged" and skip_reason:
@@ -189,6 +239,8 @@ def swap_outcome(
             asleep = names
         elif sleeping:
             msg += f"; {', '.join(names)} slept, then stopped"
+        elif beside and names:
+            msg += f"; {', '.join(names)} served beside it until its gate, then stopped"
     elif result == "refused":
         msg = failure
     elif result == "rolled back":

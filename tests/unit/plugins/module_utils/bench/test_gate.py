@@ -10,9 +10,11 @@ import pytest
 
 from ansible_collections.llmops.vllm.plugins.module_utils.bench.gate import (
     GateSettings,
+    effective_rounds,
     gate,
     plan_rounds,
     regression_log_threshold,
+    serial_correlation,
     student_t_cdf,
     student_t_quantile,
 )
@@ -141,6 +143,64 @@ def test_a_split_false_alarm_rate_needs_more_evidence():
     assert shared["false_alarm_rate_per_metric"] == pytest.approx(0.0025)
 
 
+def spells(count, correlation, spread, seed):
+    """Log values of an AR(1) process: spells of fast and slow rounds."""
+    rng = random.Random(seed)
+    level = rng.gauss(0, spread)
+    values = []
+    for _round in range(count):
+        values.append(level)
+        level = correlation * level + rng.gauss(0, spread * math.sqrt(1 - correlation**2))
+    return values
+
+
+def test_the_serial_correlation_is_found_in_spells_and_not_in_independent_rounds():
+    rng = random.Random(11)
+    independent = [serial_correlation([rng.gauss(0, 1) for _round in range(40)]) for _gate in range(200)]
+    in_spells = [serial_correlation(spells(40, 0.6, 1.0, seed)) for seed in range(200)]
+    assert sum(independent) / 200 < 0.15 < 0.45 < sum(in_spells) / 200
+    assert serial_correlation([1.0, 2.0, 3.0]) == 0.0  # too few rounds to tell
+    assert serial_correlation([5.0] * 10) == 0.0
+    # A steady climb is as correlated as rounds get, and the test believes no more than MOST_CORRELATION.
+    assert serial_correlation([float(n) for n in range(20)]) == pytest.approx(0.9)
+    assert effective_rounds(40, 0.0) == 40 and effective_rounds(40, 0.6) == pytest.approx(10)
+
+
+def test_rounds_in_spells_widen_the_interval_that_the_same_rounds_alternating_give():
+    # The same sixteen log ratios, 5% up and down: alternating, then in spells of four.
+    alternating = [0.05 * (-1) ** index for index in range(16)]
+    in_spells = [0.05 * (-1) ** (index // 4) for index in range(16)]
+    settings = GateSettings(min_rounds=16, max_rounds=16)
+    judged = {}
+    for name, values in (("alternating", alternating), ("in spells", in_spells)):
+        candidate = [1000 * math.exp(value) for value in values]
+        judged[name] = gate([metric("tok/s", "higher", [1000.0] * 16, candidate)], settings)["metrics"][0]
+    assert judged["alternating"]["serial_correlation"] == 0.0
+    assert judged["in spells"]["serial_correlation"] > 0.5
+    assert judged["in spells"]["effective_rounds"] < 6
+    width = {name: high - low for name, (low, high) in
+             ((name, metric["interval_percent"]) for name, metric in judged.items())}  # fmt: skip
+    assert width["in spells"] > 2 * width["alternating"]
+    assert judged["alternating"]["decision"] == "pass" and judged["in spells"]["decision"] == "unknown"
+    assert "rounds correlated in time" in judged["in spells"]["sentence"]
+
+
+def test_a_correlation_measured_before_holds_up_the_one_estimated_from_few_rounds():
+    reference, candidate = rounds(1.0, 0.03, 5, seed=2)
+    alone = gate([metric("tok/s", "higher", reference, candidate)])
+    held = gate([metric("tok/s", "higher", reference, candidate)], GateSettings(least_correlation=0.5))
+    assert held["metrics"][0]["serial_correlation"] == 0.5 > alone["metrics"][0]["serial_correlation"]
+    low, high = held["metrics"][0]["interval_percent"]
+    alone_low, alone_high = alone["metrics"][0]["interval_percent"]
+    assert high - low > alone_high - alone_low
+    # The plan counts with it: rounds worth a third as much need about three times as many.
+    plain = plan_rounds(0.05)
+    correlated = plan_rounds(0.05, GateSettings(least_correlation=0.5, max_rounds=200))
+    assert correlated["most_rounds"] > 2 * plain["most_rounds"]
+    with pytest.raises(ValueError, match=r"correlated in time by 0\.8"):
+        plan_rounds(0.09, GateSettings(least_correlation=0.8))
+
+
 def test_identical_rounds_pass():
     assert gate([metric("tok/s", "higher", [100.0] * 5, [100.0] * 5)])["decision"] == "pass"
 
@@ -181,6 +241,8 @@ def test_the_plan_refuses_a_time_budget_too_short():
         ({"min_rounds": 2}, "min_rounds must be at least 3"),
         ({"min_rounds": 5.5}, "min_rounds must be a whole number"),
         ({"min_rounds": 10, "max_rounds": 8}, r"max_rounds \(8\) must be at least min_rounds \(10\)"),
+        ({"least_correlation": 0.95}, "least_correlation must be a lag-one correlation from 0 to 0.9, got 0.95"),
+        ({"least_correlation": -0.1}, "least_correlation must be a lag-one correlation"),
     ],
 )
 def test_settings_are_refused_by_name(settings, message):

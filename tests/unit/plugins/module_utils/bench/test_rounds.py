@@ -147,6 +147,19 @@ def test_against_a_baseline_only_the_candidate_is_measured_within_the_rounds_sav
     assert run["rounds"] <= 12
 
 
+def test_a_baseline_whose_rounds_ran_in_spells_makes_the_gate_weigh_rounds_as_correlated():
+    alternating, in_spells = saved(), saved()
+    for name in DIRECTIONS:
+        alternating["metrics"][name] = [1000.0, 900.0] * 6
+        in_spells["metrics"][name] = [1000.0] * 6 + [900.0] * 6
+    _rounds, settings = baseline_rounds(alternating, DIRECTIONS, GateSettings())
+    assert settings.least_correlation == 0.0
+    _rounds, settings = baseline_rounds(in_spells, DIRECTIONS, GateSettings(least_correlation=0.2))
+    assert settings.least_correlation > 0.5
+    _rounds, settings = baseline_rounds(alternating, DIRECTIONS, GateSettings(least_correlation=0.2))
+    assert settings.least_correlation == 0.2
+
+
 def test_a_baseline_that_cannot_serve_is_refused():
     with pytest.raises(BenchError, match="the `baseline` of a vllm_gate result"):
         baseline_rounds({"levels": []}, DIRECTIONS, GateSettings())

@@ -4,6 +4,7 @@ from ansible_collections.llmops.vllm.plugins.module_utils.common.clock import Cl
 from ansible_collections.llmops.vllm.plugins.module_utils.instance.host_instances import normalize
 from ansible_collections.llmops.vllm.plugins.module_utils.swap.bookkeeping import (
     SwapError,
+    beside_plan,
     budget_spent,
     gate_offer,
     gate_reference,
@@ -305,6 +306,38 @@ def test_weights_beyond_what_the_host_can_spare_are_refused_and_a_larger_budget_
 def test_a_budget_that_is_no_number_of_mib_is_refused(budget):
     with pytest.raises(SwapError, match="CPU memory budget must be 0"):
         sleep_plan([], {"port": 1}, "cuda", MEMINFO, found(), budget)
+
+
+# An H200 read while the old instance serves on it: 0.4 of its memory held.
+H200_IN_USE = [{"index": 0, "memory_total_mib": 143771, "memory_used_mib": 57508}]
+
+
+def test_a_new_instance_that_fits_beside_the_old_one_has_no_refusal_and_gives_its_share():
+    new = {"name": "host_b", "port": 8001, "gpus": [0], "entry": {"gpu_memory_utilization": 0.4}}
+    assert beside_plan([record("host_a", gpus=[0])], new, H200_IN_USE) == {"refusals": [], "fit_utilization": 0.4}
+    # A host without GPUs checks the ports alone.
+    assert beside_plan([record("tiny")], {"name": "tiny_b", "port": 8001, "entry": {}}, [])["refusals"] == []
+
+
+def test_every_reason_against_starting_beside_is_named():
+    member = {"role": "head", "hosts": ["gpu-a", "gpu-b"]}
+    old = [{**record("pair", gpus=[0]), "group": member}]
+    new = {"name": "host_b", "port": 8000, "gpus": [], "entry": {"gpu_memory_utilization": 0.6}}
+    assert beside_plan(old, new, H200_IN_USE)["refusals"] == [
+        "pair is a multi-host group, whose members stop and start together",
+        "pair serves on port 8000 until the new instance has passed its gate: the new instance needs a port of its"
+        " own (vllm_swap_port)",
+        "GPU 0 holds 57508 of 143771 MiB while the old instances serve, and the new one's share (0.6, 86263 MiB)"
+        " does not fit beside them: lower its gpu_memory_utilization, or swap by stop or sleep",
+    ]
+    # Only the new instance's GPUs count.
+    other_gpu = [*H200_IN_USE, {"index": 1, "memory_total_mib": 143771, "memory_used_mib": 0}]
+    assert beside_plan([record("a")], {**new, "port": 8001, "gpus": [1]}, other_gpu)["refusals"] == []
+
+
+def test_a_swap_beside_says_that_the_old_instances_served_until_the_new_one_was_gated():
+    outcome = swap_outcome("swapped", "host_b", old=[record("host_a")], beside=True)
+    assert outcome["msg"] == "host_b serves; host_a served beside it until its gate, then stopped"
 
 
 def test_a_swap_by_sleep_says_so_and_names_those_kept_asleep():
