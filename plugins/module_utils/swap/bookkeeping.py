@@ -322,8 +322,9 @@ def versions(old_records, new_version) -> str:
 
 def gate_summary(registered: dict | None) -> dict | None:
     """What the gate of the new instance answered (llmops.vllm.vllm_gate's registered result, failed or not):
-    the decision, its rounds and seconds, the measured spread, and each deciding metric's change with its
-    interval; None when no gate answered (none ran, or it failed before an answer)."""
+    the decision, its rounds and seconds, the measured spread and serial correlation (for the next gate), and each
+    deciding metric's change with its interval; None when no gate answered (none ran, or it failed before an
+    answer)."""
     registered = registered or {}
     if not registered.get("decision"):
         return None
@@ -356,6 +357,7 @@ def gate_summary(registered: dict | None) -> dict | None:
         "rounds": registered["rounds"],
         "seconds": round(seconds(registered.get("seconds", 0), "gate.seconds"), 1),
         "spread": registered.get("spread"),
+        "serial_correlation": registered.get("serial_correlation"),
         "metrics": shown,
         "answer": answer,
     }
@@ -449,7 +451,8 @@ def swap_result(outcome, host, model, steps, now) -> dict:
 
     steps: what the swap did, as the role registered it: `old` (the records of the instances replaced), `record`
     (the new instance's record; empty when none was written), `running` (the records of the model's own instance
-    when it serves already), `sleeping` (the old instances slept rather than stopped), `clock` (see timings), and
+    when it serves already), `sleeping` (the old instances slept rather than stopped), `beside` (they served
+    beside the new one until its gate), `clock` (see timings), and
     the registered results `stopped` (the loop that stopped or slept the old instances), `memory`
     (gpu_memory_wait), `started` (the new instance's start), `prefetch` (weights_prefetch, whose message the
     result keeps) and `gate` (vllm_gate, see gate_summary). now: the clock's reading now.
@@ -467,7 +470,7 @@ def swap_result(outcome, host, model, steps, now) -> dict:
         "old": ", ".join(record["model"] for record in old_records) or "-",
         "new": model,
         "vllm": versions(old_records, version),
-        "mode": "sleep" if steps.get("sleeping") else "stop",
+        "mode": "sleep" if steps.get("sleeping") else "beside" if steps.get("beside") else "stop",
         "asleep": list(outcome.get("asleep") or []),
         "prefetch": (steps.get("prefetch") or {}).get("msg", ""),
         "gate": gate_summary(steps.get("gate")),

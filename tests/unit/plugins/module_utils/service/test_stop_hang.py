@@ -108,7 +108,8 @@ def stand_in(tmp_path):
             except ConnectionRefusedError:
                 assert time.monotonic() < deadline, "the stand-in did not listen"
                 time.sleep(0.02)
-        while len(unit.pids(None)) < 2:  # the engine child runs
+        # The engine child runs under its own title: forked and not yet exec'd, it would pass for the API server.
+        while not any(is_engine(process) for process in map(read_process, unit.pids(None)) if process):
             assert time.monotonic() < deadline, "the stand-in's engine did not start"
             time.sleep(0.02)
         units.append((unit, client))

@@ -338,6 +338,10 @@ def test_every_reason_against_starting_beside_is_named():
 def test_a_swap_beside_says_that_the_old_instances_served_until_the_new_one_was_gated():
     outcome = swap_outcome("swapped", "host_b", old=[record("host_a")], beside=True)
     assert outcome["msg"] == "host_b serves; host_a served beside it until its gate, then stopped"
+    steps = {"old": [record("host_a")], "record": record("host_b", port=8001), "beside": True,
+             "clock": {"prepare": 0, "prepared": 1, "switch": 1, "up": 40}, "stopped": stop_result(2)}  # fmt: skip
+    result = swap_result(outcome, "h1", "host_b", steps, 45)
+    assert (result["mode"], result["downtime"]) == ("beside", 0.0)
 
 
 def test_a_swap_by_sleep_says_so_and_names_those_kept_asleep():
@@ -385,6 +389,7 @@ def test_the_result_counts_the_requests_that_the_stop_cut_off():
 
 GATE = {
     "decision": "regress", "mode": "paired", "rounds": 5, "seconds": 38.24, "spread": 0.061, "failed": True,
+    "serial_correlation": 0.12,
     "metrics": [
         {"name": "output_throughput", "decision": "regress", "change_percent": -41.83,
          "interval_percent": [-47.04, -36.1]},
@@ -406,6 +411,7 @@ def test_a_rolled_back_host_s_result_names_the_gate_s_decision_interval_and_roun
     result = swap_result(outcome, "h1", "tiny2", steps, 111)
     assert result["gate"] == {
         "decision": "regress", "mode": "paired", "rounds": 5, "seconds": 38.2, "spread": 0.061,
+        "serial_correlation": 0.12,
         "metrics": [{"name": "output_throughput", "decision": "regress", "change_percent": -41.8,
                      "interval_percent": [-47.0, -36.1]}],
         "answer": "regress in 5 rounds: output_throughput -41.8% [-47.0%, -36.1%]",
