@@ -23,8 +23,8 @@ Steps (in this order; --steps picks some, e.g. to split the run over two GPU com
   swap      swap.yml to host_b by stop, back to host_a by sleep, then to host_broken, rolled back by wake-up
   rollout   rollout.yml to host_b (neutral), started beside host_a on port 8001 and gated against it in the same
             rounds (vllm_swap_mode=beside)
-  rollout_regression  rollout.yml from host_b to host_slow (a regression) beside it on port 8000, gated the same
-            way: rolled back, host_b serving throughout
+  rollout_regression  rollout.yml to host_slow (a regression) beside whichever of host_b and host_a serves, on
+            the other port, gated the same way: rolled back, the old instance serving throughout
   rollout_back  rollout.yml from host_b back to host_a beside it on port 8000 (neutral again)
   tune      tune.yml of host_a: a measured candidate, one the planner refuses, one that fails to start; then
             with host_b in its place, a tune of host_a refused before any change
@@ -805,8 +805,12 @@ def step_rollout(results: Results, host: GpuHost, args):
 
 
 def step_rollout_regression(results: Results, host: GpuHost, args):
-    """rollout.yml from host_b to host_slow (one sequence at a time: a regression), gated as step_rollout is."""
-    gated_rollout(results, host, args, "regression", "host_slow", replace="host_b", port=8000)
+    """rollout.yml to host_slow (one sequence at a time: a regression), beside whichever of host_b (port 8001, the
+    neutral rollout passed) and host_a (port 8000, it rolled back) serves, on the other port; gated as step_rollout
+    is."""
+    serving = "host_b" if service_started(host, "host_b") else "host_a"
+    port = 8000 if serving == "host_b" else 8001
+    gated_rollout(results, host, args, "regression", "host_slow", replace=serving, port=port)
 
 
 def step_rollout_back(results: Results, host: GpuHost, args):
