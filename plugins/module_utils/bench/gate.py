@@ -179,6 +179,11 @@ def serial_correlation(values: list) -> float:
     return min(max(corrected, 0.0), MOST_CORRELATION)
 
 
+def weighed_correlation(values: list, least_correlation: float) -> float:
+    """The correlation the test weighs the rounds by: their own estimate, or the one measured before where higher."""
+    return max(serial_correlation(values), least_correlation)
+
+
 def effective_rounds(count: int, correlation: float) -> float:
     """What `count` rounds of an AR(1) process with this lag-one correlation are worth in independent rounds."""
     return count * (1 - correlation) / (1 + correlation)
@@ -242,7 +247,7 @@ def sequential_test(
         total_of_squares += value * value
         if count < min_rounds:
             continue
-        correlation = max(serial_correlation(worse_log_ratios[:count]), least_correlation)
+        correlation = weighed_correlation(worse_log_ratios[:count], least_correlation)
         ratio = log_likelihood_ratio(count, total, total_of_squares, threshold, correlation)
         if ratio >= upper:
             return REGRESS, count, ratio
@@ -342,7 +347,7 @@ def judge_metric(metric: dict, settings: GateSettings, false_alarm_rate: float) 
     used = log_ratios[:rounds_used]
     if len(used) >= 2:
         spread = spread_of(used)
-        correlation = max(serial_correlation(used), settings.least_correlation)
+        correlation = weighed_correlation(used, settings.least_correlation)
         estimate, low, high = change_interval(used, spread, 1 - false_alarm_rate, correlation)
         judged.update(
             change_percent=estimate,

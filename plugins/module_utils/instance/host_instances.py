@@ -42,7 +42,8 @@ def running(records) -> list[dict]:
     return [record for record in records if record.get("active_state", "active") in RUNNING_STATES]
 
 
-def _gpu_set(gpus: list[int], gpu_count: int) -> set[int]:
+def gpu_set(gpus: list[int], gpu_count: int) -> set[int]:
+    """The GPUs an instance uses: those it names, or every one of the host's when it names none."""
     return set(gpus) if gpus else set(range(gpu_count))
 
 
@@ -51,7 +52,7 @@ def clashes(instance: dict, other: dict, gpu_count: int) -> list[str]:
     reasons = []
     if int(instance["port"]) == int(other["port"]):
         reasons.append(f"port {instance['port']}")
-    shared = _gpu_set(instance["gpus"], gpu_count) & _gpu_set(other["gpus"], gpu_count)
+    shared = gpu_set(instance["gpus"], gpu_count) & gpu_set(other["gpus"], gpu_count)
     if shared:
         reasons.append("GPU " + ",".join(map(str, sorted(shared))))
     return reasons

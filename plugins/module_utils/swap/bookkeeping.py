@@ -14,6 +14,7 @@ import re
 
 from ansible_collections.llmops.vllm.plugins.module_utils.common.clock import seconds
 from ansible_collections.llmops.vllm.plugins.module_utils.gpu.memory import CUDA_RESERVED_MIB
+from ansible_collections.llmops.vllm.plugins.module_utils.instance.host_instances import gpu_set
 from ansible_collections.llmops.vllm.plugins.module_utils.plan.planner import DEFAULT_GPU_MEMORY_UTILIZATION
 from ansible_collections.llmops.vllm.plugins.module_utils.weights.page_cache import meminfo_bytes
 
@@ -175,7 +176,7 @@ def beside_plan(old_records, new_instance, gpus) -> dict:
             )
     entry = new_instance.get("entry") or {}
     utilization = float(entry.get("gpu_memory_utilization") or DEFAULT_GPU_MEMORY_UTILIZATION)
-    wanted = set(new_instance.get("gpus") or []) or {gpu["index"] for gpu in gpus}
+    wanted = gpu_set(new_instance.get("gpus") or [], len(gpus))
     for gpu in gpus:
         if gpu["index"] not in wanted:
             continue
